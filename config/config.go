@@ -1,0 +1,525 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+)
+
+// Mode selects which parts of Kumiko a process runs. It is read from APP_MODE.
+type Mode string
+
+const (
+	// ModeAPI serves HTTP and per-instance consumers (SSE) and enqueues jobs.
+	// It consumes the api job lane only when [Config.RunLocalJobs] is set.
+	ModeAPI Mode = "api"
+	// ModeWorker runs the shared consumers and the worker job lane. It serves
+	// only health and metrics, on [Config.WorkerHTTPAddr].
+	ModeWorker Mode = "worker"
+	// ModeAllInOne runs everything in one process: HTTP, every consumer and
+	// both job lanes. It is the default.
+	ModeAllInOne Mode = "all-in-one"
+)
+
+// ReservedInstanceID is the instance id of shared consumer delivery. It can
+// never be the id of a process, so KUMIKO_INSTANCE_ID refuses it.
+const ReservedInstanceID = "__shared__"
+
+// Config is the process configuration read from the environment by [Load] or
+// [FromLookup]. Every field has been validated; the zero value is not a
+// usable configuration.
+type Config struct {
+	// Mode is the process shape, read from APP_MODE: "api", "worker" or
+	// "all-in-one". Defaults to "all-in-one".
+	Mode Mode
+
+	// HTTPAddr is the listen address of the HTTP server (API, SSE, health
+	// and metrics) in the api and all-in-one modes, read from HTTP_ADDR. It
+	// must have the form host:port. Defaults to ":8080".
+	HTTPAddr string
+
+	// WorkerHTTPAddr is the listen address of the health and metrics server
+	// of a worker process, read from WORKER_HTTP_ADDR. It must have the form
+	// host:port. Defaults to ":8081".
+	WorkerHTTPAddr string
+
+	// DatabaseURL is the PostgreSQL connection string of the primary, read
+	// from DATABASE_URL, as a URL or in keyword/value form. It is required
+	// and must be accepted by [pgxpool.ParseConfig].
+	DatabaseURL string
+
+	// DatabaseReadURL is the connection string of a read replica, read from
+	// DATABASE_READ_URL. Queries go to it when set; when empty every query
+	// goes to the primary. Defaults to "" (no replica).
+	DatabaseReadURL string
+
+	// DatabasePoolMax is the maximum number of connections of each pool
+	// (primary and replica), read from DATABASE_POOL_MAX, between 1 and 1000.
+	// Every process holds its own pools, so the sum over all processes must
+	// stay below the server's max_connections. Defaults to 10.
+	DatabasePoolMax int32
+
+	// DatabasePoolIdleTimeout closes pooled connections idle for longer,
+	// read from DATABASE_POOL_IDLE_TIMEOUT as a positive Go duration ("30s",
+	// "1m"). Keep it short behind PgBouncer. Defaults to 30s.
+	DatabasePoolIdleTimeout time.Duration
+
+	// DatabasePoolConnectTimeout bounds establishing one database
+	// connection, read from DATABASE_POOL_CONNECT_TIMEOUT as a Go duration;
+	// 0 disables the bound. Keep it under the 2 s budget of /health/ready.
+	// Defaults to 5s.
+	DatabasePoolConnectTimeout time.Duration
+
+	// RedisURL is the Redis URL (redis://, rediss:// or unix://), read from
+	// REDIS_URL. It must be accepted by [redis.ParseURL]. Defaults to
+	// "redis://127.0.0.1:6379/0".
+	RedisURL string
+
+	// RedisConnectTimeout bounds dialing Redis, read from
+	// REDIS_CONNECT_TIMEOUT_MS as a positive integer number of milliseconds.
+	// Defaults to 5s.
+	RedisConnectTimeout time.Duration
+
+	// RedisCommandTimeout bounds reading and writing one Redis command, read
+	// from REDIS_COMMAND_TIMEOUT_MS as a non-negative integer number of
+	// milliseconds; 0 disables the bound (not recommended: an unreachable
+	// Redis then hangs requests). Defaults to 10s.
+	RedisCommandTimeout time.Duration
+
+	// RedisMaxRetries is how often a failed Redis command is retried, read
+	// from REDIS_MAX_RETRIES_PER_REQUEST as a non-negative integer; 0
+	// disables retries. Defaults to 3.
+	RedisMaxRetries int
+
+	// InstanceID identifies this process for per-instance consumer delivery,
+	// read from KUMIKO_INSTANCE_ID. When empty the framework picks a random
+	// UUID at start. [ReservedInstanceID] is refused. Defaults to "".
+	InstanceID string
+
+	// JWTKeys are the HS256 keys, read from JWT_SECRET (format in
+	// [ParseJWTKeys]); the first one signs, all of them verify. It is
+	// required unless Mode is [ModeWorker], where it may be nil.
+	JWTKeys []JWTKey
+
+	// DispatcherPollInterval is the dispatcher's poll fallback period,
+	// read from KUMIKO_DISPATCHER_POLL_INTERVAL_MS as a positive integer
+	// number of milliseconds. Defaults to 100ms.
+	DispatcherPollInterval time.Duration
+
+	// DispatcherBatchSize is the maximum number of events a consumer pass
+	// reads, read from KUMIKO_DISPATCHER_BATCH_SIZE, between 1 and 10000.
+	// Defaults to 500.
+	DispatcherBatchSize int
+
+	// DispatcherPollOnly makes the dispatcher poll instead of LISTENing,
+	// read from KUMIKO_DISPATCHER_POLL_ONLY (true, false, 1 or 0). Set it
+	// when a transaction-pooling PgBouncer sits in front of PostgreSQL.
+	// Defaults to false.
+	DispatcherPollOnly bool
+
+	// DrainTimeout bounds the graceful shutdown after SIGTERM or SIGINT,
+	// read from KUMIKO_DRAIN_TIMEOUT_MS as a non-negative integer number of
+	// milliseconds. Defaults to 30s.
+	DrainTimeout time.Duration
+
+	// RunLocalJobs makes an api process also consume the api job lane, read
+	// from KUMIKO_RUN_LOCAL_JOBS (true, false, 1 or 0). Defaults to false.
+	RunLocalJobs bool
+
+	// Dev enables development-only behaviour such as the dev token of the
+	// demo page, read from KUMIKO_DEV (true, false, 1 or 0). Never set it in
+	// production. Defaults to false.
+	Dev bool
+
+	// LogLevel is the minimum level logged, read from LOG_LEVEL: debug,
+	// info, warn or error (any case). Defaults to [slog.LevelInfo].
+	LogLevel slog.Level
+}
+
+// Defaults of the optional variables.
+const (
+	defaultMode                   = ModeAllInOne
+	defaultHTTPAddr               = ":8080"
+	defaultWorkerHTTPAddr         = ":8081"
+	defaultDatabasePoolMax        = 10
+	defaultDatabasePoolIdle       = 30 * time.Second
+	defaultDatabasePoolConnect    = 5 * time.Second
+	defaultRedisURL               = "redis://127.0.0.1:6379/0"
+	defaultRedisConnectTimeout    = 5000 * time.Millisecond
+	defaultRedisCommandTimeout    = 10000 * time.Millisecond
+	defaultRedisMaxRetries        = 3
+	defaultDispatcherPollInterval = 100 * time.Millisecond
+	defaultDispatcherBatchSize    = 500
+	defaultDrainTimeout           = 30000 * time.Millisecond
+	defaultLogLevel               = slog.LevelInfo
+
+	maxDatabasePoolMax     = 1000
+	maxDispatcherBatchSize = 10000
+)
+
+// VarError is one problem with one environment variable. [Load] and
+// [FromLookup] return an [errors.Join] of one *VarError per problem.
+type VarError struct {
+	// Name is the environment variable, e.g. "DATABASE_POOL_MAX".
+	Name string
+	// Err says what is wrong. It never contains a secret.
+	Err error
+}
+
+// Error returns "NAME: problem".
+func (e *VarError) Error() string { return e.Name + ": " + e.Err.Error() }
+
+// Unwrap returns e.Err.
+func (e *VarError) Unwrap() error { return e.Err }
+
+// Load reads the configuration from the process environment. It is
+// [FromLookup] with [os.LookupEnv].
+func Load() (*Config, error) {
+	return FromLookup(os.LookupEnv)
+}
+
+// FromLookup reads the configuration through lookup, which reports the value
+// of an environment variable and whether it is set; a nil lookup is an empty
+// environment. A variable set to "" counts as unset and gets its default.
+//
+// It checks every variable before returning, and on failure returns a nil
+// *Config and an [errors.Join] of one [*VarError] per problem, so that a bad
+// deployment learns everything that is wrong at once.
+//
+// Parsing DATABASE_URL and DATABASE_READ_URL with pgx also consults the
+// libpq variables (PGHOST, PGPASSWORD, PGSSLMODE, ...) and files (.pgpass,
+// sslrootcert) for settings the connection string leaves out.
+func FromLookup(lookup func(string) (string, bool)) (*Config, error) {
+	l := &loader{lookup: lookup}
+	var primary, replica *pgxpool.Config
+	c := &Config{Mode: l.mode("APP_MODE")}
+	c.HTTPAddr = l.addr("HTTP_ADDR", defaultHTTPAddr)
+	c.WorkerHTTPAddr = l.addr("WORKER_HTTP_ADDR", defaultWorkerHTTPAddr)
+	c.DatabaseURL, primary = l.databaseURL("DATABASE_URL", true)
+	c.DatabaseReadURL, replica = l.databaseURL("DATABASE_READ_URL", false)
+	poolMax := l.intRange("DATABASE_POOL_MAX", defaultDatabasePoolMax, 1, maxDatabasePoolMax)
+	c.DatabasePoolMax = int32(poolMax) //nolint:gosec // intRange bounds it to 1..1000.
+	c.DatabasePoolIdleTimeout = l.duration("DATABASE_POOL_IDLE_TIMEOUT", defaultDatabasePoolIdle, false)
+	c.DatabasePoolConnectTimeout = l.duration("DATABASE_POOL_CONNECT_TIMEOUT", defaultDatabasePoolConnect, true)
+	c.RedisURL = l.redisURL("REDIS_URL")
+	c.RedisConnectTimeout = l.millis("REDIS_CONNECT_TIMEOUT_MS", defaultRedisConnectTimeout, false)
+	c.RedisCommandTimeout = l.millis("REDIS_COMMAND_TIMEOUT_MS", defaultRedisCommandTimeout, true)
+	c.RedisMaxRetries = l.intRange("REDIS_MAX_RETRIES_PER_REQUEST", defaultRedisMaxRetries, 0, math.MaxInt32)
+	c.InstanceID = l.instanceID("KUMIKO_INSTANCE_ID")
+	c.JWTKeys = l.jwtKeys("JWT_SECRET", c.Mode != ModeWorker)
+	c.DispatcherPollInterval = l.millis("KUMIKO_DISPATCHER_POLL_INTERVAL_MS", defaultDispatcherPollInterval, false)
+	c.DispatcherBatchSize = l.intRange("KUMIKO_DISPATCHER_BATCH_SIZE", defaultDispatcherBatchSize, 1, maxDispatcherBatchSize)
+	c.DispatcherPollOnly = l.boolean("KUMIKO_DISPATCHER_POLL_ONLY")
+	c.DrainTimeout = l.millis("KUMIKO_DRAIN_TIMEOUT_MS", defaultDrainTimeout, true)
+	c.RunLocalJobs = l.boolean("KUMIKO_RUN_LOCAL_JOBS")
+	c.Dev = l.boolean("KUMIKO_DEV")
+	c.LogLevel = l.logLevel("LOG_LEVEL")
+	if !l.failed("DATABASE_POOL_MAX") {
+		l.poolMinimums("DATABASE_URL", primary, c.DatabasePoolMax)
+		l.poolMinimums("DATABASE_READ_URL", replica, c.DatabasePoolMax)
+	}
+	if len(l.errs) > 0 {
+		errs := make([]error, len(l.errs))
+		for i, e := range l.errs {
+			errs[i] = e
+		}
+		return nil, errors.Join(errs...)
+	}
+	return c, nil
+}
+
+// PoolConfig returns a fresh pool configuration for DatabaseURL with
+// DatabasePoolMax, DatabasePoolIdleTimeout and DatabasePoolConnectTimeout
+// applied; they override pool_max_conns, pool_max_conn_idle_time and
+// connect_timeout in the URL. It fails only when DatabaseURL does not parse,
+// which [FromLookup] has already ruled out.
+func (c *Config) PoolConfig() (*pgxpool.Config, error) {
+	if c.DatabaseURL == "" {
+		return nil, &VarError{Name: "DATABASE_URL", Err: errors.New("required")}
+	}
+	return c.poolConfig("DATABASE_URL", c.DatabaseURL)
+}
+
+// ReadPoolConfig is [Config.PoolConfig] for DatabaseReadURL. It returns
+// (nil, nil) when no replica is configured.
+func (c *Config) ReadPoolConfig() (*pgxpool.Config, error) {
+	if c.DatabaseReadURL == "" {
+		return nil, nil
+	}
+	return c.poolConfig("DATABASE_READ_URL", c.DatabaseReadURL)
+}
+
+func (c *Config) poolConfig(name, connString string) (*pgxpool.Config, error) {
+	pc, err := pgxpool.ParseConfig(connString)
+	if err != nil {
+		return nil, &VarError{Name: name, Err: redactErr(err, connString)}
+	}
+	pc.MaxConns = c.DatabasePoolMax
+	pc.MaxConnIdleTime = c.DatabasePoolIdleTimeout
+	pc.ConnConfig.ConnectTimeout = c.DatabasePoolConnectTimeout
+	return pc, nil
+}
+
+// RedisOptions returns fresh client options for RedisURL with
+// RedisConnectTimeout as DialTimeout, RedisCommandTimeout as ReadTimeout and
+// WriteTimeout, and RedisMaxRetries as MaxRetries applied; they override
+// dial_timeout, read_timeout, write_timeout and max_retries in the URL. A
+// zero command timeout or retry count is translated to go-redis's -1, which
+// means "none" (go-redis reads 0 as "use my default"). It fails only when
+// RedisURL does not parse, which [FromLookup] has already ruled out.
+func (c *Config) RedisOptions() (*redis.Options, error) {
+	opts, err := redis.ParseURL(c.RedisURL)
+	if err != nil {
+		return nil, &VarError{Name: "REDIS_URL", Err: redactErr(err, c.RedisURL)}
+	}
+	opts.DialTimeout = c.RedisConnectTimeout
+	cmdTimeout := c.RedisCommandTimeout
+	if cmdTimeout == 0 {
+		cmdTimeout = -1
+	}
+	opts.ReadTimeout = cmdTimeout
+	opts.WriteTimeout = cmdTimeout
+	opts.MaxRetries = c.RedisMaxRetries
+	if opts.MaxRetries == 0 {
+		opts.MaxRetries = -1
+	}
+	return opts, nil
+}
+
+// loader reads variables and collects one error per problem.
+type loader struct {
+	lookup func(string) (string, bool)
+	errs   []*VarError
+}
+
+// get returns the value of name; unset and "" both report false.
+func (l *loader) get(name string) (string, bool) {
+	if l.lookup == nil {
+		return "", false
+	}
+	v, ok := l.lookup(name)
+	if !ok || v == "" {
+		return "", false
+	}
+	return v, true
+}
+
+func (l *loader) fail(name string, err error) {
+	l.errs = append(l.errs, &VarError{Name: name, Err: err})
+}
+
+// failed reports whether name already has a problem.
+func (l *loader) failed(name string) bool {
+	return slices.ContainsFunc(l.errs, func(e *VarError) bool { return e.Name == name })
+}
+
+func (l *loader) failf(name, format string, args ...any) {
+	l.fail(name, fmt.Errorf(format, args...))
+}
+
+func (l *loader) mode(name string) Mode {
+	v, ok := l.get(name)
+	if !ok {
+		return defaultMode
+	}
+	switch m := Mode(v); m {
+	case ModeAPI, ModeWorker, ModeAllInOne:
+		return m
+	}
+	l.failf(name, "must be one of %s, %s, %s, got %q", ModeAPI, ModeWorker, ModeAllInOne, v)
+	return defaultMode
+}
+
+func (l *loader) addr(name, def string) string {
+	v, ok := l.get(name)
+	if !ok {
+		return def
+	}
+	if _, port, err := net.SplitHostPort(v); err != nil || port == "" {
+		l.failf(name, "must be a listen address host:port such as \":8080\", got %q", v)
+	}
+	return v
+}
+
+// intRange reads an integer in [lo, hi]; lo is 0 or 1.
+func (l *loader) intRange(name string, def, lo, hi int) int {
+	v, ok := l.get(name)
+	if !ok {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err == nil && n >= lo && n <= hi {
+		return n
+	}
+	kind := "a positive integer"
+	if lo == 0 {
+		kind = "a non-negative integer"
+	}
+	outOfRange := err == nil || errors.Is(err, strconv.ErrRange)
+	switch {
+	case outOfRange && hi < math.MaxInt32:
+		kind = fmt.Sprintf("an integer between %d and %d", lo, hi)
+	case outOfRange && n > hi:
+		kind = fmt.Sprintf("at most %d", hi)
+	}
+	l.failf(name, "must be %s, got %q", kind, v)
+	return def
+}
+
+// millis reads a whole number of milliseconds; allowZero admits 0.
+func (l *loader) millis(name string, def time.Duration, allowZero bool) time.Duration {
+	v, ok := l.get(name)
+	if !ok {
+		return def
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	switch {
+	case err != nil && !errors.Is(err, strconv.ErrRange), n < 0:
+		if allowZero {
+			l.failf(name, "must be a non-negative integer number of milliseconds, got %q", v)
+		} else {
+			l.failf(name, "must be a positive integer number of milliseconds, got %q", v)
+		}
+	case n == 0 && !allowZero:
+		l.failf(name, "must be a positive integer number of milliseconds, got %q", v)
+	case err != nil || n > math.MaxInt64/int64(time.Millisecond):
+		l.failf(name, "is too large (at most %d milliseconds), got %q", math.MaxInt64/int64(time.Millisecond), v)
+	default:
+		return time.Duration(n) * time.Millisecond
+	}
+	return def
+}
+
+// duration reads a Go duration ("30s"); allowZero admits 0.
+func (l *loader) duration(name string, def time.Duration, allowZero bool) time.Duration {
+	v, ok := l.get(name)
+	if !ok {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	switch {
+	case err != nil:
+		l.failf(name, "must be a duration such as \"30s\" or \"1m\", got %q", v)
+	case d < 0 || (d == 0 && !allowZero):
+		if allowZero {
+			l.failf(name, "must not be negative, got %q", v)
+		} else {
+			l.failf(name, "must be a positive duration, got %q", v)
+		}
+	default:
+		return d
+	}
+	return def
+}
+
+func (l *loader) boolean(name string) bool {
+	v, ok := l.get(name)
+	if !ok {
+		return false
+	}
+	switch strings.ToLower(v) {
+	case "true", "1":
+		return true
+	case "false", "0":
+		return false
+	}
+	l.failf(name, "must be true, false, 1 or 0, got %q", v)
+	return false
+}
+
+func (l *loader) logLevel(name string) slog.Level {
+	v, ok := l.get(name)
+	if !ok {
+		return defaultLogLevel
+	}
+	switch strings.ToLower(v) {
+	case "debug":
+		return slog.LevelDebug
+	case "info":
+		return slog.LevelInfo
+	case "warn":
+		return slog.LevelWarn
+	case "error":
+		return slog.LevelError
+	}
+	l.failf(name, "must be one of debug, info, warn, error, got %q", v)
+	return defaultLogLevel
+}
+
+func (l *loader) instanceID(name string) string {
+	v, _ := l.get(name)
+	if v == ReservedInstanceID {
+		l.failf(name, "%q is reserved for shared consumer delivery", v)
+		return ""
+	}
+	return v
+}
+
+// databaseURL checks that the connection string parses and returns it with
+// its parsed form (nil when unset or bad).
+func (l *loader) databaseURL(name string, required bool) (string, *pgxpool.Config) {
+	v, ok := l.get(name)
+	if !ok {
+		if required {
+			l.fail(name, errors.New("required"))
+		}
+		return "", nil
+	}
+	pc, err := pgxpool.ParseConfig(v)
+	if err != nil {
+		l.fail(name, redactErr(err, v))
+		return "", nil
+	}
+	return v, pc
+}
+
+// poolMinimums checks that the pool minimums of a connection string fit
+// under DATABASE_POOL_MAX, which replaces its pool_max_conns.
+func (l *loader) poolMinimums(name string, pc *pgxpool.Config, poolMax int32) {
+	if pc == nil {
+		return
+	}
+	if pc.MinConns > poolMax {
+		l.failf(name, "pool_min_conns %d exceeds DATABASE_POOL_MAX %d", pc.MinConns, poolMax)
+	}
+	if pc.MinIdleConns > poolMax {
+		l.failf(name, "pool_min_idle_conns %d exceeds DATABASE_POOL_MAX %d", pc.MinIdleConns, poolMax)
+	}
+}
+
+func (l *loader) redisURL(name string) string {
+	v, ok := l.get(name)
+	if !ok {
+		return defaultRedisURL
+	}
+	if _, err := redis.ParseURL(v); err != nil {
+		l.fail(name, redactErr(err, v))
+		return defaultRedisURL
+	}
+	return v
+}
+
+func (l *loader) jwtKeys(name string, required bool) []JWTKey {
+	v, ok := l.get(name)
+	if !ok {
+		if required {
+			l.fail(name, errors.New("required unless APP_MODE is worker"))
+		}
+		return nil
+	}
+	keys, errs := parseJWTKeys(v)
+	for _, err := range errs {
+		l.fail(name, err)
+	}
+	return keys
+}

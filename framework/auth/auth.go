@@ -1,0 +1,226 @@
+package auth
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+)
+
+// CookieName is the name of the cookie that may carry the token when the
+// request has no bearer Authorization header.
+const CookieName = "kumiko_auth"
+
+// ReservedTenantID is the framework's system tenant. It is used by the
+// framework itself and can never be a caller's tenant: [Keyring.Verify]
+// rejects tokens that claim it and [Keyring.Mint] refuses to sign them.
+const ReservedTenantID = "system"
+
+// defaultTTL is the lifetime Mint gives a token when asked for a non-positive
+// ttl.
+const defaultTTL = time.Hour
+
+// leeway is the clock skew tolerated when checking exp, nbf and iat.
+const leeway = 30 * time.Second
+
+// ErrUnauthorized is wrapped by every error [Keyring.Verify] returns. The
+// wrapping error's message names the reason, for logs; test for it with
+// [errors.Is].
+var ErrUnauthorized = errors.New("auth: unauthorized")
+
+// Key is one HMAC secret, selected by the token header's `kid`. ID may be ""
+// for a single unnamed key.
+type Key struct {
+	// ID is written to and matched against the token header's `kid`. An empty
+	// ID means tokens signed with this key carry no `kid`.
+	ID string
+	// Secret is the HMAC-SHA256 secret. It must not be empty; use at least 32
+	// random bytes.
+	Secret []byte
+}
+
+// Principal is the authenticated caller.
+type Principal struct {
+	// UserID is the token's `sub` claim. Never empty for a verified token.
+	UserID string
+	// TenantID is the token's `tenantId` claim. Never empty, and never
+	// [ReservedTenantID], for a verified token.
+	TenantID string
+	// Roles is the token's `roles` claim; nil when the token has none.
+	Roles []string
+}
+
+// HasRole reports whether p has the role.
+func (p Principal) HasRole(role string) bool {
+	return slices.Contains(p.Roles, role)
+}
+
+// HasAllRoles reports whether p has every one of roles. It reports true for
+// an empty roles.
+func (p Principal) HasAllRoles(roles []string) bool {
+	for _, r := range roles {
+		if !p.HasRole(r) {
+			return false
+		}
+	}
+	return true
+}
+
+// claims is the JWT payload.
+type claims struct {
+	TenantID string   `json:"tenantId"`
+	Roles    []string `json:"roles"`
+	jwt.RegisteredClaims
+}
+
+// Keyring verifies tokens against several keys (rotation) and signs with the
+// first. It is immutable and safe for concurrent use.
+type Keyring struct {
+	keys   []Key
+	byID   map[string][]byte
+	parser *jwt.Parser
+}
+
+// NewKeyring returns a keyring over keys, which it copies. The first key signs;
+// all of them verify. It returns an error when keys is empty, when a secret is
+// empty, or when two keys share an ID.
+func NewKeyring(keys []Key) (*Keyring, error) {
+	if len(keys) == 0 {
+		return nil, errors.New("auth: new keyring: no keys")
+	}
+	k := &Keyring{
+		keys: make([]Key, 0, len(keys)),
+		byID: make(map[string][]byte, len(keys)),
+		parser: jwt.NewParser(
+			jwt.WithValidMethods([]string{jwt.SigningMethodHS256.Alg()}),
+			jwt.WithExpirationRequired(),
+			jwt.WithIssuedAt(),
+			jwt.WithLeeway(leeway),
+		),
+	}
+	for i, key := range keys {
+		if len(key.Secret) == 0 {
+			return nil, fmt.Errorf("auth: new keyring: key %d (id %q): empty secret", i, key.ID)
+		}
+		if _, dup := k.byID[key.ID]; dup {
+			return nil, fmt.Errorf("auth: new keyring: key %d: duplicate id %q", i, key.ID)
+		}
+		secret := slices.Clone(key.Secret)
+		k.keys = append(k.keys, Key{ID: key.ID, Secret: secret})
+		k.byID[key.ID] = secret
+	}
+	return k, nil
+}
+
+// Mint returns an HS256 token for p signed with the first key, whose ID, when
+// non-empty, goes into the header as `kid`. The token carries sub, tenantId,
+// roles (always an array), iat (now) and exp (now + ttl); a ttl <= 0 means
+// one hour. It returns an error when p has no UserID or TenantID, or when
+// its TenantID is [ReservedTenantID], since such a token could never verify.
+func (k *Keyring) Mint(p Principal, ttl time.Duration) (string, error) {
+	switch {
+	case p.UserID == "":
+		return "", errors.New("auth: mint: empty user id")
+	case p.TenantID == "":
+		return "", errors.New("auth: mint: empty tenant id")
+	case p.TenantID == ReservedTenantID:
+		return "", fmt.Errorf("auth: mint: tenant %q is reserved", ReservedTenantID)
+	}
+	if ttl <= 0 {
+		ttl = defaultTTL
+	}
+	roles := slices.Clone(p.Roles)
+	if roles == nil {
+		roles = []string{}
+	}
+	now := time.Now()
+	tok := jwt.NewWithClaims(jwt.SigningMethodHS256, claims{
+		TenantID: p.TenantID,
+		Roles:    roles,
+		RegisteredClaims: jwt.RegisteredClaims{
+			Subject:   p.UserID,
+			IssuedAt:  jwt.NewNumericDate(now),
+			ExpiresAt: jwt.NewNumericDate(now.Add(ttl)),
+		},
+	})
+	signer := k.keys[0]
+	if signer.ID != "" {
+		tok.Header["kid"] = signer.ID
+	}
+	s, err := tok.SignedString(signer.Secret)
+	if err != nil {
+		return "", fmt.Errorf("auth: mint: %w", err)
+	}
+	return s, nil
+}
+
+// Verify checks token and returns its caller. Only HS256 is accepted. The
+// header's `kid`, when present, selects the key (an unknown kid fails);
+// otherwise the first key is used. exp is required; exp, nbf and iat are
+// checked with 30 seconds of leeway. sub and tenantId must be non-empty
+// strings, tenantId must not be [ReservedTenantID], and roles, when present,
+// must be an array of strings. Every failure wraps [ErrUnauthorized].
+func (k *Keyring) Verify(token string) (Principal, error) {
+	if token == "" {
+		return Principal{}, fmt.Errorf("%w: missing token", ErrUnauthorized)
+	}
+	var c claims
+	if _, err := k.parser.ParseWithClaims(token, &c, k.key); err != nil {
+		// Not %w: the jwt library's errors are not part of this API.
+		return Principal{}, fmt.Errorf("%w: %s", ErrUnauthorized, err.Error())
+	}
+	switch {
+	case c.Subject == "":
+		return Principal{}, fmt.Errorf("%w: missing sub", ErrUnauthorized)
+	case c.TenantID == "":
+		return Principal{}, fmt.Errorf("%w: missing tenantId", ErrUnauthorized)
+	case c.TenantID == ReservedTenantID:
+		return Principal{}, fmt.Errorf("%w: tenant %q is reserved", ErrUnauthorized, ReservedTenantID)
+	}
+	p := Principal{UserID: c.Subject, TenantID: c.TenantID}
+	if len(c.Roles) > 0 {
+		p.Roles = c.Roles
+	}
+	return p, nil
+}
+
+// key is the jwt.Keyfunc: it picks the secret named by the header's kid, or
+// the first key when there is none.
+func (k *Keyring) key(t *jwt.Token) (any, error) {
+	if _, ok := t.Method.(*jwt.SigningMethodHMAC); !ok {
+		return nil, fmt.Errorf("unexpected signing method %v", t.Header["alg"])
+	}
+	raw, ok := t.Header["kid"]
+	if !ok {
+		return k.keys[0].Secret, nil
+	}
+	kid, ok := raw.(string)
+	if !ok {
+		return nil, errors.New("kid is not a string")
+	}
+	secret, ok := k.byID[kid]
+	if !ok {
+		return nil, fmt.Errorf("unknown kid %q", kid)
+	}
+	return secret, nil
+}
+
+// TokenFromRequest returns the bearer token of the Authorization header
+// ("Bearer x", scheme case-insensitive), else the kumiko_auth cookie value,
+// else "". An Authorization header with another scheme or an empty token is
+// ignored.
+func TokenFromRequest(r *http.Request) string {
+	if scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " "); ok && strings.EqualFold(scheme, "Bearer") {
+		if tok = strings.TrimSpace(tok); tok != "" {
+			return tok
+		}
+	}
+	if c, err := r.Cookie(CookieName); err == nil {
+		return c.Value
+	}
+	return ""
+}

@@ -1,0 +1,401 @@
+package auth_test
+
+import (
+	"crypto/rand"
+	"crypto/rsa"
+	"encoding/base64"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kumiko-go/kumiko/framework/auth"
+)
+
+var (
+	secret1 = []byte("k1-secret-0123456789abcdef0123456789")
+	secret2 = []byte("k2-secret-0123456789abcdef0123456789")
+)
+
+func newKeyring(t *testing.T, keys ...auth.Key) *auth.Keyring {
+	t.Helper()
+	kr, err := auth.NewKeyring(keys)
+	require.NoError(t, err)
+	return kr
+}
+
+// validClaims returns claims that verify; tests delete or override fields.
+func validClaims() jwt.MapClaims {
+	now := time.Now()
+	return jwt.MapClaims{
+		"sub":      "user-1",
+		"tenantId": "tenant-1",
+		"roles":    []string{"admin"},
+		"iat":      now.Unix(),
+		"exp":      now.Add(time.Hour).Unix(),
+	}
+}
+
+// sign builds a token with an arbitrary method, key and kid ("" = no kid).
+func sign(t *testing.T, method jwt.SigningMethod, key any, kid string, c jwt.MapClaims) string {
+	t.Helper()
+	tok := jwt.NewWithClaims(method, c)
+	if kid != "" {
+		tok.Header["kid"] = kid
+	}
+	s, err := tok.SignedString(key)
+	require.NoError(t, err)
+	return s
+}
+
+func requireUnauthorized(t *testing.T, kr *auth.Keyring, token string) {
+	t.Helper()
+	p, err := kr.Verify(token)
+	require.ErrorIs(t, err, auth.ErrUnauthorized)
+	require.Zero(t, p)
+}
+
+func TestRoundTrip(t *testing.T) {
+	t.Parallel()
+	kr := newKeyring(t, auth.Key{ID: "k1", Secret: secret1})
+
+	want := auth.Principal{UserID: "user-1", TenantID: "tenant-1", Roles: []string{"admin", "editor"}}
+	tok, err := kr.Mint(want, time.Minute)
+	require.NoError(t, err)
+
+	got, err := kr.Verify(tok)
+	require.NoError(t, err)
+	require.Equal(t, want, got)
+
+	// Header and claims are what the contract says.
+	var c jwt.MapClaims
+	parsed, _, err := jwt.NewParser().ParseUnverified(tok, &c)
+	require.NoError(t, err)
+	require.Equal(t, "HS256", parsed.Header["alg"])
+	require.Equal(t, "k1", parsed.Header["kid"])
+	require.Equal(t, "user-1", c["sub"])
+	require.Equal(t, "tenant-1", c["tenantId"])
+	require.Equal(t, []any{"admin", "editor"}, c["roles"])
+	require.InDelta(t, 60, c["exp"].(float64)-c["iat"].(float64), 1)
+}
+
+func TestMintNoRolesAndDefaultTTL(t *testing.T) {
+	t.Parallel()
+	kr := newKeyring(t, auth.Key{Secret: secret1})
+
+	tok, err := kr.Mint(auth.Principal{UserID: "u", TenantID: "t"}, 0)
+	require.NoError(t, err)
+
+	var c jwt.MapClaims
+	parsed, _, err := jwt.NewParser().ParseUnverified(tok, &c)
+	require.NoError(t, err)
+	require.NotContains(t, parsed.Header, "kid", "unnamed key writes no kid")
+	require.Equal(t, []any{}, c["roles"], "roles is always an array")
+	require.InDelta(t, time.Hour.Seconds(), c["exp"].(float64)-c["iat"].(float64), 1)
+
+	p, err := kr.Verify(tok)
+	require.NoError(t, err)
+	require.Equal(t, auth.Principal{UserID: "u", TenantID: "t"}, p)
+}
+
+func TestMintRejectsInvalidPrincipal(t *testing.T) {
+	t.Parallel()
+	kr := newKeyring(t, auth.Key{ID: "k1", Secret: secret1})
+
+	for name, p := range map[string]auth.Principal{
+		"no user":         {TenantID: "t"},
+		"no tenant":       {UserID: "u"},
+		"reserved tenant": {UserID: "u", TenantID: auth.ReservedTenantID},
+	} {
+		_, err := kr.Mint(p, time.Minute)
+		require.Error(t, err, name)
+	}
+}
+
+func TestNewKeyringErrors(t *testing.T) {
+	t.Parallel()
+
+	_, err := auth.NewKeyring(nil)
+	require.ErrorContains(t, err, "no keys")
+
+	_, err = auth.NewKeyring([]auth.Key{{ID: "k1", Secret: secret1}, {ID: "k2"}})
+	require.ErrorContains(t, err, "empty secret")
+
+	_, err = auth.NewKeyring([]auth.Key{{ID: "k1", Secret: secret1}, {ID: "k1", Secret: secret2}})
+	require.ErrorContains(t, err, "duplicate id")
+}
+
+func TestNewKeyringCopiesSecrets(t *testing.T) {
+	t.Parallel()
+	secret := []byte("mutable-secret-0123456789abcdef")
+	kr := newKeyring(t, auth.Key{ID: "k1", Secret: secret})
+	tok, err := kr.Mint(auth.Principal{UserID: "u", TenantID: "t"}, time.Minute)
+	require.NoError(t, err)
+
+	secret[0] ^= 0xff
+	_, err = kr.Verify(tok)
+	require.NoError(t, err)
+}
+
+func TestRotation(t *testing.T) {
+	t.Parallel()
+	old := newKeyring(t, auth.Key{ID: "k1", Secret: secret1})
+	rotated := newKeyring(t, auth.Key{ID: "k2", Secret: secret2}, auth.Key{ID: "k1", Secret: secret1})
+	p := auth.Principal{UserID: "u", TenantID: "t", Roles: []string{"r"}}
+
+	oldTok, err := old.Mint(p, time.Minute)
+	require.NoError(t, err)
+	got, err := rotated.Verify(oldTok)
+	require.NoError(t, err)
+	require.Equal(t, p, got)
+
+	// New tokens are signed with k2, which the old keyring does not know.
+	newTok, err := rotated.Mint(p, time.Minute)
+	require.NoError(t, err)
+	_, err = rotated.Verify(newTok)
+	require.NoError(t, err)
+	requireUnauthorized(t, old, newTok)
+
+	// Unknown kid, even with a secret the keyring holds.
+	requireUnauthorized(t, rotated, sign(t, jwt.SigningMethodHS256, secret1, "k3", validClaims()))
+
+	// A kid that is not a string.
+	tok := jwt.NewWithClaims(jwt.SigningMethodHS256, validClaims())
+	tok.Header["kid"] = 1
+	s, err := tok.SignedString(secret1)
+	require.NoError(t, err)
+	requireUnauthorized(t, rotated, s)
+}
+
+func TestNoKidUsesFirstKey(t *testing.T) {
+	t.Parallel()
+	kr := newKeyring(t, auth.Key{ID: "k2", Secret: secret2}, auth.Key{ID: "k1", Secret: secret1})
+
+	p, err := kr.Verify(sign(t, jwt.SigningMethodHS256, secret2, "", validClaims()))
+	require.NoError(t, err)
+	require.Equal(t, auth.Principal{UserID: "user-1", TenantID: "tenant-1", Roles: []string{"admin"}}, p)
+
+	// Without kid only the first key is tried.
+	requireUnauthorized(t, kr, sign(t, jwt.SigningMethodHS256, secret1, "", validClaims()))
+}
+
+func TestAlgNoneRejected(t *testing.T) {
+	t.Parallel()
+	kr := newKeyring(t, auth.Key{Secret: secret1})
+
+	enc := base64.RawURLEncoding.EncodeToString
+	payload := `{"sub":"user-1","tenantId":"tenant-1","exp":9999999999}`
+	for _, header := range []string{
+		`{"alg":"none","typ":"JWT"}`,
+		`{"alg":"None","typ":"JWT"}`,
+		`{"alg":"","typ":"JWT"}`,
+		`{"typ":"JWT"}`,
+	} {
+		base := enc([]byte(header)) + "." + enc([]byte(payload))
+		requireUnauthorized(t, kr, base+".")
+		requireUnauthorized(t, kr, base)
+	}
+}
+
+func TestForgedSignatureRejected(t *testing.T) {
+	t.Parallel()
+	kr := newKeyring(t, auth.Key{ID: "k1", Secret: secret1})
+
+	// Signed with another secret under the right kid.
+	requireUnauthorized(t, kr, sign(t, jwt.SigningMethodHS256, []byte("attacker-secret"), "k1", validClaims()))
+
+	// A genuine token whose payload was swapped.
+	tok, err := kr.Mint(auth.Principal{UserID: "u", TenantID: "t"}, time.Minute)
+	require.NoError(t, err)
+	forged := sign(t, jwt.SigningMethodHS256, []byte("x"), "k1", jwt.MapClaims{
+		"sub": "u", "tenantId": "other", "exp": time.Now().Add(time.Hour).Unix(),
+	})
+	genuine := splitToken(t, tok)
+	swapped := splitToken(t, forged)
+	requireUnauthorized(t, kr, genuine[0]+"."+swapped[1]+"."+genuine[2])
+
+	// Signature stripped or corrupted.
+	requireUnauthorized(t, kr, genuine[0]+"."+genuine[1]+".")
+	requireUnauthorized(t, kr, genuine[0]+"."+genuine[1]+"."+genuine[2][:len(genuine[2])-2]+"AA")
+}
+
+func splitToken(t *testing.T, tok string) [3]string {
+	t.Helper()
+	var parts [3]string
+	i := 0
+	start := 0
+	for j := range len(tok) {
+		if tok[j] == '.' {
+			parts[i] = tok[start:j]
+			i++
+			start = j + 1
+		}
+	}
+	require.Equal(t, 2, i)
+	parts[2] = tok[start:]
+	return parts
+}
+
+func TestOtherAlgorithmsRejected(t *testing.T) {
+	t.Parallel()
+	kr := newKeyring(t, auth.Key{ID: "k1", Secret: secret1})
+
+	requireUnauthorized(t, kr, sign(t, jwt.SigningMethodHS512, secret1, "k1", validClaims()))
+	requireUnauthorized(t, kr, sign(t, jwt.SigningMethodHS384, secret1, "k1", validClaims()))
+
+	rsaKey, err := rsa.GenerateKey(rand.Reader, 2048)
+	require.NoError(t, err)
+	requireUnauthorized(t, kr, sign(t, jwt.SigningMethodRS256, rsaKey, "k1", validClaims()))
+}
+
+func TestTimeClaims(t *testing.T) {
+	t.Parallel()
+	kr := newKeyring(t, auth.Key{ID: "k1", Secret: secret1})
+	now := time.Now()
+
+	with := func(key string, v any) string {
+		c := validClaims()
+		if v == nil {
+			delete(c, key)
+		} else {
+			c[key] = v
+		}
+		return sign(t, jwt.SigningMethodHS256, secret1, "k1", c)
+	}
+
+	requireUnauthorized(t, kr, with("exp", now.Add(-2*time.Minute).Unix()))
+	requireUnauthorized(t, kr, with("exp", nil))
+	requireUnauthorized(t, kr, with("exp", "tomorrow"))
+	requireUnauthorized(t, kr, with("nbf", now.Add(2*time.Minute).Unix()))
+	requireUnauthorized(t, kr, with("iat", now.Add(2*time.Minute).Unix()))
+
+	// Within the leeway.
+	for _, tok := range []string{
+		with("exp", now.Add(-5*time.Second).Unix()),
+		with("nbf", now.Add(5*time.Second).Unix()),
+		with("iat", now.Add(5*time.Second).Unix()),
+		with("iat", nil),
+	} {
+		_, err := kr.Verify(tok)
+		require.NoError(t, err)
+	}
+}
+
+func TestIdentityClaims(t *testing.T) {
+	t.Parallel()
+	kr := newKeyring(t, auth.Key{ID: "k1", Secret: secret1})
+
+	with := func(key string, v any) string {
+		c := validClaims()
+		if v == nil {
+			delete(c, key)
+		} else {
+			c[key] = v
+		}
+		return sign(t, jwt.SigningMethodHS256, secret1, "k1", c)
+	}
+
+	requireUnauthorized(t, kr, with("sub", nil))
+	requireUnauthorized(t, kr, with("sub", ""))
+	requireUnauthorized(t, kr, with("sub", 42))
+	requireUnauthorized(t, kr, with("tenantId", nil))
+	requireUnauthorized(t, kr, with("tenantId", ""))
+	requireUnauthorized(t, kr, with("tenantId", 42))
+	requireUnauthorized(t, kr, with("tenantId", auth.ReservedTenantID))
+	requireUnauthorized(t, kr, with("roles", "admin"))
+	requireUnauthorized(t, kr, with("roles", []any{"admin", 1}))
+
+	p, err := kr.Verify(with("roles", nil))
+	require.NoError(t, err)
+	require.Nil(t, p.Roles)
+}
+
+func TestVerifyGarbage(t *testing.T) {
+	t.Parallel()
+	kr := newKeyring(t, auth.Key{ID: "k1", Secret: secret1})
+	for _, tok := range []string{"", "x", "a.b", "a.b.c", "a.b.c.d", "...", "Bearer x"} {
+		requireUnauthorized(t, kr, tok)
+	}
+}
+
+func TestTokenFromRequest(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name   string
+		header string
+		cookie string
+		want   string
+	}{
+		{name: "nothing", want: ""},
+		{name: "bearer", header: "Bearer abc", want: "abc"},
+		{name: "scheme case-insensitive", header: "bEaReR abc", want: "abc"},
+		{name: "extra spaces", header: "Bearer   abc ", want: "abc"},
+		{name: "cookie", cookie: "fromcookie", want: "fromcookie"},
+		{name: "bearer wins over cookie", header: "Bearer abc", cookie: "fromcookie", want: "abc"},
+		{name: "basic falls back to cookie", header: "Basic dXNlcjpwYXNz", cookie: "fromcookie", want: "fromcookie"},
+		{name: "basic alone", header: "Basic dXNlcjpwYXNz", want: ""},
+		{name: "empty bearer falls back to cookie", header: "Bearer ", cookie: "fromcookie", want: "fromcookie"},
+		{name: "scheme without token", header: "Bearer", want: ""},
+		{name: "scheme prefix only", header: "Bearerabc", want: ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			r := httptest.NewRequest(http.MethodGet, "/api/query", nil)
+			if tt.header != "" {
+				r.Header.Set("Authorization", tt.header)
+			}
+			if tt.cookie != "" {
+				r.AddCookie(&http.Cookie{Name: auth.CookieName, Value: tt.cookie})
+			}
+			require.Equal(t, tt.want, auth.TokenFromRequest(r))
+		})
+	}
+}
+
+func TestRoles(t *testing.T) {
+	t.Parallel()
+	p := auth.Principal{UserID: "u", TenantID: "t", Roles: []string{"admin", "editor"}}
+
+	require.True(t, p.HasRole("admin"))
+	require.False(t, p.HasRole("owner"))
+	require.False(t, p.HasRole(""))
+	require.True(t, p.HasAllRoles([]string{"admin", "editor"}))
+	require.False(t, p.HasAllRoles([]string{"admin", "owner"}))
+	require.True(t, p.HasAllRoles(nil))
+	require.False(t, auth.Principal{}.HasRole("admin"))
+}
+
+func FuzzVerify(f *testing.F) {
+	kr, err := auth.NewKeyring([]auth.Key{{ID: "k1", Secret: secret1}, {Secret: secret2}})
+	require.NoError(f, err)
+	valid, err := kr.Mint(auth.Principal{UserID: "u", TenantID: "t", Roles: []string{"r"}}, time.Hour)
+	require.NoError(f, err)
+
+	enc := base64.RawURLEncoding.EncodeToString
+	for _, seed := range []string{
+		valid,
+		"",
+		"a.b.c",
+		enc([]byte(`{"alg":"none"}`)) + "." + enc([]byte(`{"sub":"u","tenantId":"t","exp":9999999999}`)) + ".",
+		enc([]byte(`{"alg":"HS256","kid":{}}`)) + "." + enc([]byte(`{"roles":[1]}`)) + ".x",
+		enc([]byte(`{"alg":"HS256","kid":"k1"}`)) + "." + enc([]byte(`null`)) + ".x",
+	} {
+		f.Add(seed)
+	}
+
+	f.Fuzz(func(t *testing.T, token string) {
+		p, err := kr.Verify(token)
+		if err != nil {
+			require.ErrorIs(t, err, auth.ErrUnauthorized)
+			require.Zero(t, p)
+			return
+		}
+		require.NotEmpty(t, p.UserID)
+		require.NotEmpty(t, p.TenantID)
+		require.NotEqual(t, auth.ReservedTenantID, p.TenantID)
+	})
+}

@@ -1,0 +1,218 @@
+package framework
+
+import (
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"time"
+
+	"github.com/kumiko-go/kumiko/framework/eventstore"
+)
+
+// Upcaster turns a payload of one schema version into the next version's
+// JSON. It runs on every read (load, dispatch, rebuild); stored rows are
+// never rewritten.
+type Upcaster func(payload json.RawMessage) (json.RawMessage, error)
+
+// EventOptions tunes [DefineEvent]. A nil *EventOptions means the defaults.
+type EventOptions struct {
+	// Version is the current payload schema version. Defaults to 1.
+	Version int
+	// Upcasters maps a version v (1 <= v < Version) to the function that
+	// lifts a v payload to v+1. Every older version needs one.
+	Upcasters map[int]Upcaster
+	// PubSub marks a notification type that belongs to no aggregate's
+	// history; `kumiko events prune` deletes such types by default.
+	PubSub bool
+}
+
+// eventDef is the erased definition behind an EventType handle.
+type eventDef struct {
+	reg       *Registry
+	qualified string
+	version   int
+	upcasters map[int]Upcaster
+	pubSub    bool
+	goType    reflect.Type
+}
+
+// EventType is the typed handle of a declared event; keep it in a package
+// variable and use it to append ([EventType.With]) and to subscribe ([On]).
+type EventType[T any] struct {
+	def *eventDef
+}
+
+// DefineEvent declares the event "<feature>:event:<name>" with payload type
+// T (a struct with validator tags). Declaring the same name twice, an
+// invalid name, or a version without its upcasters is a registration problem
+// reported by [Registry.Build].
+func DefineEvent[T any](f *Feature, name string, opts *EventOptions) EventType[T] {
+	if opts == nil {
+		opts = &EventOptions{}
+	}
+	def := &eventDef{
+		reg:       f.reg,
+		qualified: f.qualify("event", name),
+		version:   max(opts.Version, 1),
+		upcasters: opts.Upcasters,
+		pubSub:    opts.PubSub,
+		goType:    reflect.TypeFor[T](),
+	}
+	for v := 1; v < def.version; v++ {
+		if def.upcasters[v] == nil {
+			f.reg.problem("event %s: version %d has no upcaster to %d", def.qualified, v, v+1)
+		}
+	}
+	r := f.reg
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, dup := r.events[def.qualified]; dup {
+		r.problemLocked("event %s declared twice", def.qualified)
+	} else {
+		r.events[def.qualified] = def
+	}
+	return EventType[T]{def: def}
+}
+
+// Name returns the qualified type name, "<feature>:event:<name>" ("" for a
+// zero handle).
+func (e EventType[T]) Name() string {
+	if e.def == nil {
+		return ""
+	}
+	return e.def.qualified
+}
+
+// Version returns the current schema version.
+func (e EventType[T]) Version() int {
+	if e.def == nil {
+		return 0
+	}
+	return e.def.version
+}
+
+// With pairs the event type with a payload, ready for [Tx.Append].
+func (e EventType[T]) With(payload T) PendingEvent {
+	return PendingEvent{def: e.def, payload: payload}
+}
+
+// Decode returns the typed event when env is of this type (upcast to the
+// current version), and false when it is of another type.
+func (e EventType[T]) Decode(env Envelope) (Event[T], bool, error) {
+	if e.def == nil || env.Type != e.def.qualified {
+		return Event[T]{}, false, nil
+	}
+	ev, err := decodeEvent[T](e.def, env)
+	return ev, err == nil, err
+}
+
+// PendingEvent is an event type with its payload, not yet appended.
+type PendingEvent struct {
+	def     *eventDef
+	payload any
+}
+
+// Type returns the qualified event type ("" when the handle was never
+// declared).
+func (p PendingEvent) Type() string {
+	if p.def == nil {
+		return ""
+	}
+	return p.def.qualified
+}
+
+// Envelope is a stored event with its payload still as JSON.
+type Envelope = eventstore.Record
+
+// Metadata is the metadata stored with every event.
+type Metadata = eventstore.Metadata
+
+// Cursor is a place in the log's delivery order.
+type Cursor = eventstore.Cursor
+
+// Stream names an aggregate stream within the caller's tenant: Type is the
+// aggregate type ("order"), ID the aggregate's id.
+type Stream struct {
+	Type string
+	ID   string
+}
+
+// String renders "type/id".
+func (s Stream) String() string { return s.Type + "/" + s.ID }
+
+// Event is a stored event with its typed payload.
+type Event[T any] struct {
+	// ID is the event's position, its public id.
+	ID int64
+	// Cursor is the event's place in delivery order.
+	Cursor Cursor
+	// TenantID owns the event.
+	TenantID string
+	// Stream is the aggregate stream.
+	Stream Stream
+	// Version is the event's version within its stream (1-based).
+	Version int64
+	// Type is the qualified event type.
+	Type string
+	// Payload is the decoded (and upcast) payload.
+	Payload T
+	// Metadata carries user, request, correlation and causation ids.
+	Metadata Metadata
+	// CreatedAt is when the event was appended.
+	CreatedAt time.Time
+}
+
+// upcast lifts a stored payload to the definition's current version.
+func (d *eventDef) upcast(env Envelope) (json.RawMessage, error) {
+	payload := env.Payload
+	for v := max(env.TypeVersion, 1); v < d.version; v++ {
+		up := d.upcasters[v]
+		if up == nil {
+			return nil, fmt.Errorf("kumiko: event %s: no upcaster from version %d", d.qualified, v)
+		}
+		var err error
+		if payload, err = up(payload); err != nil {
+			return nil, fmt.Errorf("kumiko: event %s: upcast from version %d: %w", d.qualified, v, err)
+		}
+	}
+	return payload, nil
+}
+
+func decodeEvent[T any](d *eventDef, env Envelope) (Event[T], error) {
+	payload, err := d.upcast(env)
+	if err != nil {
+		return Event[T]{}, err
+	}
+	var p T
+	if err := json.Unmarshal(payload, &p); err != nil {
+		return Event[T]{}, fmt.Errorf("kumiko: event %s at %d: decode payload: %w", d.qualified, env.Position, err)
+	}
+	return Event[T]{
+		ID:        env.Position,
+		Cursor:    env.Cursor(),
+		TenantID:  env.TenantID,
+		Stream:    Stream{Type: env.StreamType, ID: env.StreamID},
+		Version:   env.Version,
+		Type:      env.Type,
+		Payload:   p,
+		Metadata:  env.Metadata,
+		CreatedAt: env.CreatedAt,
+	}, nil
+}
+
+// UpcastPayload returns env's payload lifted to the current version of its
+// declared type (unchanged for undeclared types). SSE and other generic
+// readers use it.
+func (r *Registry) UpcastPayload(env Envelope) (json.RawMessage, error) {
+	d := r.events[env.Type]
+	if d == nil {
+		return env.Payload, nil
+	}
+	return d.upcast(env)
+}
+
+// IsPubSub reports whether the event type was declared with PubSub.
+func (r *Registry) IsPubSub(qualified string) bool {
+	d := r.events[qualified]
+	return d != nil && d.pubSub
+}

@@ -1,0 +1,142 @@
+package eventstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+const recordColumns = `position, commit_key, tenant_id, stream_type, stream_id, version, type, type_version, payload, metadata, created_at`
+
+// readAfter takes the horizon in the same statement as the scan: a horizon
+// read by an earlier statement would let events slip behind the cursor.
+const readAfter = `SELECT ` + recordColumns + ` FROM events
+WHERE (commit_key, position) > ($1::xid8, $2::bigint)
+  AND commit_key < pg_snapshot_xmin(pg_current_snapshot())
+ORDER BY commit_key, position
+LIMIT $3`
+
+const readAfterTypes = `SELECT ` + recordColumns + ` FROM events
+WHERE (commit_key, position) > ($1::xid8, $2::bigint)
+  AND commit_key < pg_snapshot_xmin(pg_current_snapshot())
+  AND type = ANY($4::text[])
+ORDER BY commit_key, position
+LIMIT $3`
+
+// ReadOptions narrows [ReadAfterFiltered].
+type ReadOptions struct {
+	// Types limits the read to these event types; empty means all.
+	Types []string
+}
+
+// ReadAfter returns up to limit events strictly after cursor and below the
+// visibility horizon, in (commit_key, position) order. An event it has not
+// returned yet can never later appear before the last one it returned.
+func ReadAfter(ctx context.Context, db DB, cursor Cursor, limit int) ([]Record, error) {
+	return ReadAfterFiltered(ctx, db, cursor, limit, ReadOptions{})
+}
+
+// ReadAfterFiltered is [ReadAfter] restricted by opts.
+func ReadAfterFiltered(ctx context.Context, db DB, cursor Cursor, limit int, opts ReadOptions) ([]Record, error) {
+	if limit <= 0 {
+		return nil, fmt.Errorf("eventstore: read limit %d must be positive", limit)
+	}
+	var rows pgx.Rows
+	var err error
+	if len(opts.Types) == 0 {
+		rows, err = db.Query(ctx, readAfter, cursor.CommitKey, cursor.Position, limit)
+	} else {
+		rows, err = db.Query(ctx, readAfterTypes, cursor.CommitKey, cursor.Position, limit, opts.Types)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("eventstore: read after %s: %w", cursor, err)
+	}
+	recs, err := collect(rows)
+	if err != nil {
+		return nil, fmt.Errorf("eventstore: read after %s: %w", cursor, err)
+	}
+	return recs, nil
+}
+
+// collect scans event rows.
+func collect(rows pgx.Rows) ([]Record, error) {
+	defer rows.Close()
+	var out []Record
+	for rows.Next() {
+		var r Record
+		if err := rows.Scan(&r.Position, &r.CommitKey, &r.TenantID, &r.StreamType, &r.StreamID, &r.Version,
+			&r.Type, &r.TypeVersion, &r.Payload, &r.Metadata, &r.CreatedAt); err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
+
+// Horizon returns the current visibility horizon: events with a commit key
+// below it are all visible and final.
+func Horizon(ctx context.Context, db DB) (uint64, error) {
+	var h uint64
+	if err := db.QueryRow(ctx, `SELECT pg_snapshot_xmin(pg_current_snapshot())`).Scan(&h); err != nil {
+		return 0, fmt.Errorf("eventstore: horizon: %w", err)
+	}
+	return h, nil
+}
+
+// AsOf bounds a stream read: zero values mean "now".
+type AsOf struct {
+	// Version, when > 0, reads the stream up to and including this version.
+	Version int64
+	// Time, when non-zero, reads the events created at or before it.
+	Time time.Time
+}
+
+const readStream = `SELECT ` + recordColumns + ` FROM events
+WHERE tenant_id = $1 AND stream_type = $2 AND stream_id = $3
+  AND ($4::bigint = 0 OR version <= $4)
+  AND ($5::timestamptz IS NULL OR created_at <= $5)
+ORDER BY version`
+
+// ReadStream returns a stream's events in version order, bounded by asOf.
+// It reads what the caller's transaction sees (its own uncommitted appends
+// included).
+func ReadStream(ctx context.Context, db DB, stream StreamRef, asOf AsOf) ([]Record, error) {
+	var at *time.Time
+	if !asOf.Time.IsZero() {
+		at = &asOf.Time
+	}
+	rows, err := db.Query(ctx, readStream, stream.TenantID, stream.Type, stream.ID, asOf.Version, at)
+	if err != nil {
+		return nil, fmt.Errorf("eventstore: read stream %s: %w", stream, err)
+	}
+	recs, err := collect(rows)
+	if err != nil {
+		return nil, fmt.Errorf("eventstore: read stream %s: %w", stream, err)
+	}
+	return recs, nil
+}
+
+const lockStream = `SELECT version FROM streams WHERE tenant_id = $1 AND stream_type = $2 AND stream_id = $3 FOR UPDATE`
+
+// FetchForWriting locks the stream's head row (when the stream exists) and
+// returns its events and version (0 for a new stream). Appending with that
+// version as the expected version then cannot conflict within the
+// transaction.
+func FetchForWriting(ctx context.Context, db DB, stream StreamRef) ([]Record, int64, error) {
+	var v int64
+	err := db.QueryRow(ctx, lockStream, stream.TenantID, stream.Type, stream.ID).Scan(&v)
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return nil, 0, fmt.Errorf("eventstore: lock stream %s: %w", stream, err)
+	}
+	if v == 0 {
+		return nil, 0, nil
+	}
+	recs, err := ReadStream(ctx, db, stream, AsOf{})
+	if err != nil {
+		return nil, 0, err
+	}
+	return recs, v, nil
+}

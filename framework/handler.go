@@ -1,0 +1,196 @@
+package framework
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+)
+
+// WriteHandler handles one write command in its tenant-scoped transaction.
+// Returning an error rolls the whole transaction back.
+type WriteHandler[In, Out any] func(ctx context.Context, tx *Tx, in In) (Out, error)
+
+// QueryHandler answers one query in a read-only tenant-scoped transaction.
+type QueryHandler[In, Out any] func(ctx context.Context, tx *Tx, in In) (Out, error)
+
+// WriteOptions tune [Write]. A nil *WriteOptions means the defaults.
+type WriteOptions[In, Out any] struct {
+	// Roles the caller must all have (403 access_denied otherwise).
+	// Defaults to none.
+	Roles []string
+	// Validate runs after the payload's validator tags passed, in the
+	// transaction, before PreSave. Return a *ValidationError to reject.
+	Validate func(ctx context.Context, tx *Tx, in In) error
+	// PreSave runs in the transaction right before the handler.
+	PreSave func(ctx context.Context, tx *Tx, in In) error
+	// PostSave runs in the transaction after the handler, once its events
+	// are written and the inline projections have run. An error rolls back.
+	PostSave func(ctx context.Context, tx *Tx, in In, out Out) error
+	// AfterCommit runs after the transaction committed (not for a rolled
+	// back batch). It cannot undo the write; errors are its own to handle.
+	AfterCommit func(ctx context.Context, in In, out Out)
+}
+
+// QueryOptions tune [Query]. A nil *QueryOptions means the defaults.
+type QueryOptions struct {
+	// Roles the caller must all have (403 access_denied otherwise).
+	// Defaults to none.
+	Roles []string
+}
+
+// writeDef is the erased write handler.
+type writeDef struct {
+	qualified string
+	roles     []string
+	hasPost   bool
+	// run decodes and validates the payload and runs hooks and handler. It
+	// returns the result and a function for the after-commit hook (or nil).
+	run func(ctx context.Context, tx *Tx, payload json.RawMessage) (any, func(context.Context), error)
+	// post runs PostSave for a result produced by run.
+	post func(ctx context.Context, tx *Tx, payload json.RawMessage, out any) error
+}
+
+// queryDef is the erased query handler.
+type queryDef struct {
+	qualified string
+	roles     []string
+	run       func(ctx context.Context, tx *Tx, payload json.RawMessage) (any, error)
+}
+
+// Write registers the write handler "<feature>:write:<name>". In is the
+// payload type (a struct with validator tags); Out is returned to the client
+// as {"data": Out}.
+func Write[In, Out any](f *Feature, name string, h WriteHandler[In, Out], opts *WriteOptions[In, Out]) {
+	if opts == nil {
+		opts = &WriteOptions[In, Out]{}
+	}
+	q := f.qualify("write", name)
+	if h == nil {
+		f.reg.problem("write %s has a nil handler", q)
+	}
+	def := &writeDef{qualified: q, roles: opts.Roles, hasPost: opts.PostSave != nil}
+	def.run = func(ctx context.Context, tx *Tx, payload json.RawMessage) (any, func(context.Context), error) {
+		var in In
+		if err := DecodePayload(payload, &in); err != nil {
+			return nil, nil, err
+		}
+		if opts.Validate != nil {
+			if err := opts.Validate(ctx, tx, in); err != nil {
+				return nil, nil, err
+			}
+		}
+		if opts.PreSave != nil {
+			if err := opts.PreSave(ctx, tx, in); err != nil {
+				return nil, nil, err
+			}
+		}
+		out, err := h(ctx, tx, in)
+		if err != nil {
+			return nil, nil, err
+		}
+		var after func(context.Context)
+		if opts.AfterCommit != nil {
+			after = func(ctx context.Context) { opts.AfterCommit(ctx, in, out) }
+		}
+		return out, after, nil
+	}
+	if opts.PostSave != nil {
+		def.post = func(ctx context.Context, tx *Tx, payload json.RawMessage, out any) error {
+			var in In
+			if err := DecodePayload(payload, &in); err != nil {
+				return err
+			}
+			o, _ := out.(Out)
+			return opts.PostSave(ctx, tx, in, o)
+		}
+	}
+	r := f.reg
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, dup := r.writes[q]; dup {
+		r.problemLocked("write %s registered twice", q)
+		return
+	}
+	r.writes[q] = def
+}
+
+// Query registers the query handler "<feature>:query:<name>". Its answer is
+// returned to the client as {"data": Out}.
+func Query[In, Out any](f *Feature, name string, h QueryHandler[In, Out], opts *QueryOptions) {
+	if opts == nil {
+		opts = &QueryOptions{}
+	}
+	q := f.qualify("query", name)
+	if h == nil {
+		f.reg.problem("query %s has a nil handler", q)
+	}
+	def := &queryDef{qualified: q, roles: opts.Roles}
+	def.run = func(ctx context.Context, tx *Tx, payload json.RawMessage) (any, error) {
+		var in In
+		if err := DecodePayload(payload, &in); err != nil {
+			return nil, err
+		}
+		return h(ctx, tx, in)
+	}
+	r := f.reg
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, dup := r.queries[q]; dup {
+		r.problemLocked("query %s registered twice", q)
+		return
+	}
+	r.queries[q] = def
+}
+
+// DecodePayload decodes a JSON payload into v strictly (unknown fields and
+// wrong types are field errors) and checks v's validator tags. Every failure
+// is a *[ValidationError]. An absent or null payload decodes as the zero value.
+func DecodePayload(payload json.RawMessage, v any) error {
+	trimmed := bytes.TrimSpace(payload)
+	if len(trimmed) > 0 && !bytes.Equal(trimmed, []byte("null")) {
+		dec := json.NewDecoder(bytes.NewReader(trimmed))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(v); err != nil {
+			return decodeError(err)
+		}
+		if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+			return &ValidationError{Fields: []FieldError{{Field: "", Rule: "json", Message: "payload has trailing data"}}}
+		}
+	}
+	return ValidatePayload(v)
+}
+
+// decodeError turns encoding/json errors into field errors.
+func decodeError(err error) error {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		field := te.Field
+		return &ValidationError{Fields: []FieldError{{Field: field, Rule: "type", Param: te.Type.String(),
+			Message: fmt.Sprintf("%s must be of type %s, got %s", field, jsonKind(te.Type.String()), te.Value)}}}
+	}
+	msg := err.Error()
+	if rest, ok := strings.CutPrefix(msg, "json: unknown field "); ok {
+		field := strings.Trim(rest, `"`)
+		return &ValidationError{Fields: []FieldError{{Field: field, Rule: "unknown", Message: fmt.Sprintf("unknown field %q", field)}}}
+	}
+	return &ValidationError{Fields: []FieldError{{Field: "", Rule: "json", Message: "payload is not valid: " + strings.TrimPrefix(msg, "json: ")}}}
+}
+
+func jsonKind(goType string) string {
+	switch {
+	case strings.HasPrefix(goType, "int"), strings.HasPrefix(goType, "uint"), strings.HasPrefix(goType, "float"):
+		return "number"
+	case goType == "string":
+		return "string"
+	case goType == "bool":
+		return "boolean"
+	case strings.HasPrefix(goType, "[]"):
+		return "array"
+	default:
+		return "object"
+	}
+}

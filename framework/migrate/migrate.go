@@ -1,0 +1,104 @@
+// Package migrate applies Kumiko's embedded SQL migrations with goose, under
+// goose's Postgres session advisory lock, so concurrent processes starting at
+// the same time migrate a database exactly once.
+package migrate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/lock"
+
+	"github.com/kumiko-go/kumiko/migrations"
+)
+
+// Status is one migration's state in the database.
+type Status struct {
+	// Version is the migration's number (the file name's prefix).
+	Version int64
+	// Name is the migration's file name.
+	Name string
+	// Applied reports whether the migration has run.
+	Applied bool
+}
+
+// newProvider builds a goose provider over the pool with the session locker.
+func newProvider(pool *pgxpool.Pool, fsys fs.FS, logger *slog.Logger) (*goose.Provider, func() error, error) {
+	if fsys == nil {
+		fsys = migrations.FS
+	}
+	locker, err := lock.NewPostgresSessionLocker()
+	if err != nil {
+		return nil, nil, fmt.Errorf("migrate: session locker: %w", err)
+	}
+	db := stdlib.OpenDBFromPool(pool)
+	opts := []goose.ProviderOption{goose.WithSessionLocker(locker)}
+	if logger != nil {
+		opts = append(opts, goose.WithSlog(logger))
+	}
+	p, err := goose.NewProvider(goose.DialectPostgres, db, fsys, opts...)
+	if err != nil {
+		_ = db.Close()
+		return nil, nil, fmt.Errorf("migrate: provider: %w", err)
+	}
+	return p, db.Close, nil
+}
+
+// Up applies every pending migration of fsys (nil means Kumiko's embedded
+// migrations) and returns how many ran. logger may be nil.
+func Up(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS, logger *slog.Logger) (int, error) {
+	p, closeDB, err := newProvider(pool, fsys, logger)
+	if err != nil {
+		return 0, err
+	}
+	defer closeDB()
+	res, err := p.Up(ctx)
+	if err != nil {
+		return len(res), fmt.Errorf("migrate: up: %w", err)
+	}
+	return len(res), nil
+}
+
+// List reports the state of every migration of fsys (nil means Kumiko's
+// embedded migrations).
+func List(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS) ([]Status, error) {
+	p, closeDB, err := newProvider(pool, fsys, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer closeDB()
+	sts, err := p.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("migrate: status: %w", err)
+	}
+	out := make([]Status, 0, len(sts))
+	for _, s := range sts {
+		out = append(out, Status{Version: s.Source.Version, Name: s.Source.Path, Applied: s.State == goose.StateApplied})
+	}
+	return out, nil
+}
+
+// ErrPending is returned by Check when migrations are still to be applied.
+var ErrPending = errors.New("migrate: migrations pending")
+
+// Check returns nil when every migration of fsys (nil means Kumiko's embedded
+// ones) is applied, ErrPending when some are not, or the error that stopped
+// the check. Readiness probes call it.
+func Check(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS) error {
+	sts, err := List(ctx, pool, fsys)
+	if err != nil {
+		return err
+	}
+	for _, s := range sts {
+		if !s.Applied {
+			return fmt.Errorf("%w: %s", ErrPending, s.Name)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,174 @@
+package framework
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+)
+
+// Delivery says which processes a multi-stream projection's cursor belongs
+// to.
+type Delivery string
+
+const (
+	// DeliveryShared: one cursor for the whole deployment; each event is
+	// applied once, by whichever process holds the consumer's lock.
+	DeliveryShared Delivery = "shared"
+	// DeliveryPerInstance: one cursor per process instance; every process
+	// applies every event (for in-process state such as SSE hubs).
+	DeliveryPerInstance Delivery = "per-instance"
+)
+
+// RunIn says which process kind runs a projection or job.
+type RunIn string
+
+const (
+	// RunInWorker runs in worker (and all-in-one) processes.
+	RunInWorker RunIn = "worker"
+	// RunInAPI runs in API (and all-in-one) processes.
+	RunInAPI RunIn = "api"
+	// RunInBoth runs in every process kind.
+	RunInBoth RunIn = "both"
+)
+
+// ProjectionKind distinguishes inline from multi-stream projections.
+type ProjectionKind string
+
+const (
+	// KindInline projections run in the write transaction.
+	KindInline ProjectionKind = "inline"
+	// KindMultiStream projections run in dispatcher passes after commit.
+	KindMultiStream ProjectionKind = "multi-stream"
+)
+
+// ProjectionOptions tune [MultiStreamProjection].
+type ProjectionOptions struct {
+	// Table the projection owns and fills (it can be rebuilt); "" for a
+	// side-effect-only consumer. Defaults to "".
+	Table string
+	// Delivery is shared or per-instance. Defaults to DeliveryShared.
+	Delivery Delivery
+	// RunIn selects the process kind. Defaults to RunInWorker.
+	RunIn RunIn
+	// SkipApplyErrors moves past a failing event (recording it as a dead
+	// letter) instead of retrying it. Defaults to false (strict).
+	SkipApplyErrors bool
+	// MaxAttempts before the consumer turns dead. Defaults to 10.
+	MaxAttempts int
+	// BatchSize is the number of events per pass. Defaults to the
+	// dispatcher's batch size.
+	BatchSize int
+	// Saga marks a projection that appends events; it cannot be rebuilt.
+	// Defaults to false.
+	Saga bool
+}
+
+// ApplyFunc is the erased form of a projection handler.
+type ApplyFunc func(ctx context.Context, tx *Tx, env Envelope) error
+
+// Projection is a registered projection: inline (in the write transaction)
+// or multi-stream (in dispatcher passes). Add handlers with [On].
+type Projection struct {
+	reg      *Registry
+	name     string
+	kind     ProjectionKind
+	opts     ProjectionOptions
+	handlers map[string]ApplyFunc
+	types    []string
+}
+
+// MultiStreamProjection registers the consumer name ("<feature>:<name>" is
+// its persistent id; never rename it). Its handlers run after commit in
+// dispatcher passes, each pass in one transaction with the cursor.
+func MultiStreamProjection(f *Feature, name string, opts *ProjectionOptions) *Projection {
+	var o ProjectionOptions
+	if opts != nil {
+		o = *opts
+	}
+	o.Delivery = cmp.Or(o.Delivery, DeliveryShared)
+	o.RunIn = cmp.Or(o.RunIn, RunInWorker)
+	if o.MaxAttempts <= 0 {
+		o.MaxAttempts = 10
+	}
+	p := registerProjection(f, name, KindMultiStream, o)
+	if o.Delivery != DeliveryShared && o.Delivery != DeliveryPerInstance {
+		f.reg.problem("projection %s: delivery %q is not shared or per-instance", p.name, o.Delivery)
+	}
+	if o.RunIn != RunInWorker && o.RunIn != RunInAPI && o.RunIn != RunInBoth {
+		f.reg.problem("projection %s: runIn %q is not api, worker or both", p.name, o.RunIn)
+	}
+	return p
+}
+
+// InlineProjection registers a projection whose handlers run inside the
+// write transaction that appends the event; its failure rolls the write back.
+func InlineProjection(f *Feature, name string) *Projection {
+	return registerProjection(f, name, KindInline, ProjectionOptions{})
+}
+
+func registerProjection(f *Feature, name string, kind ProjectionKind, o ProjectionOptions) *Projection {
+	if !namePattern.MatchString(name) {
+		f.reg.problem("projection name %q of feature %q is not kebab-case", name, f.name)
+	}
+	p := &Projection{reg: f.reg, name: f.name + ":" + name, kind: kind, opts: o, handlers: map[string]ApplyFunc{}}
+	r := f.reg
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, dup := r.projections[p.name]; dup {
+		r.problemLocked("projection %s registered twice", p.name)
+	} else {
+		r.projections[p.name] = p
+	}
+	return p
+}
+
+// On adds the handler of event type ev to projection p. Naming an event
+// that this registry never declared, or a second handler for the same type,
+// is a registration problem.
+func On[T any](p *Projection, ev EventType[T], fn func(ctx context.Context, tx *Tx, e Event[T]) error) {
+	if ev.def == nil || p.reg.events[ev.def.qualified] != ev.def {
+		p.reg.problem("projection %s handles undeclared event %q", p.name, ev.Name())
+		return
+	}
+	if fn == nil {
+		p.reg.problem("projection %s: nil handler for %s", p.name, ev.def.qualified)
+		return
+	}
+	if _, dup := p.handlers[ev.def.qualified]; dup {
+		p.reg.problem("projection %s handles %s twice", p.name, ev.def.qualified)
+		return
+	}
+	def := ev.def
+	p.handlers[def.qualified] = func(ctx context.Context, tx *Tx, env Envelope) error {
+		e, err := decodeEvent[T](def, env)
+		if err != nil {
+			return err
+		}
+		return fn(ctx, tx, e)
+	}
+	p.types = append(p.types, def.qualified)
+}
+
+// Name returns the projection's persistent name ("<feature>:<name>").
+func (p *Projection) Name() string { return p.name }
+
+// Kind returns inline or multi-stream.
+func (p *Projection) Kind() ProjectionKind { return p.kind }
+
+// Options returns the projection's options with defaults applied.
+func (p *Projection) Options() ProjectionOptions { return p.opts }
+
+// EventTypes lists the event types the projection handles.
+func (p *Projection) EventTypes() []string { return append([]string(nil), p.types...) }
+
+// Apply runs the projection's handler for env (nil when it has none).
+func (p *Projection) Apply(ctx context.Context, tx *Tx, env Envelope) error {
+	h := p.handlers[env.Type]
+	if h == nil {
+		return nil
+	}
+	if err := h(ctx, tx, env); err != nil {
+		return fmt.Errorf("projection %s: %s at %d: %w", p.name, env.Type, env.Position, err)
+	}
+	return nil
+}

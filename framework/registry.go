@@ -1,0 +1,162 @@
+package framework
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+)
+
+// namePattern is kebab-case: lowercase words of letters and digits joined by '-'.
+var namePattern = regexp.MustCompile(`^[a-z][a-z0-9]*(-[a-z0-9]+)*$`)
+
+// Registry collects the features of one application: their events, write
+// and query handlers, hooks and projections. Registration never panics:
+// every mistake (duplicate or invalid name, nil function, a handler naming
+// an undeclared event) is recorded, and [Registry.Build] reports all of them
+// at once, which fails the boot.
+//
+// Names are persistent identifiers (consumer cursors and stored events are
+// keyed by them): never rename one that has shipped.
+type Registry struct {
+	mu          sync.Mutex
+	features    map[string]*Feature
+	events      map[string]*eventDef
+	writes      map[string]*writeDef
+	queries     map[string]*queryDef
+	projections map[string]*Projection
+	problems    []error
+	built       bool
+}
+
+// NewRegistry returns an empty registry.
+func NewRegistry() *Registry {
+	return &Registry{
+		features:    map[string]*Feature{},
+		events:      map[string]*eventDef{},
+		writes:      map[string]*writeDef{},
+		queries:     map[string]*queryDef{},
+		projections: map[string]*Projection{},
+	}
+}
+
+// Feature is one named feature; everything registered through it is
+// qualified with its name ("<feature>:write:<name>").
+type Feature struct {
+	reg  *Registry
+	name string
+}
+
+// Feature returns the feature called name (kebab-case), creating it on
+// first use.
+func (r *Registry) Feature(name string) *Feature {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if f, ok := r.features[name]; ok {
+		return f
+	}
+	if !namePattern.MatchString(name) {
+		r.problemLocked("feature name %q is not kebab-case", name)
+	}
+	f := &Feature{reg: r, name: name}
+	r.features[name] = f
+	return f
+}
+
+// Name returns the feature's name.
+func (f *Feature) Name() string { return f.name }
+
+// Registry returns the registry the feature belongs to.
+func (f *Feature) Registry() *Registry { return f.reg }
+
+// qualify builds "<feature>:<kind>:<name>" and records an invalid name.
+func (f *Feature) qualify(kind, name string) string {
+	if !namePattern.MatchString(name) {
+		f.reg.problem("%s name %q of feature %q is not kebab-case", kind, name, f.name)
+	}
+	return f.name + ":" + kind + ":" + name
+}
+
+func (r *Registry) problem(format string, args ...any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.problemLocked(format, args...)
+}
+
+func (r *Registry) problemLocked(format string, args ...any) {
+	r.problems = append(r.problems, fmt.Errorf("kumiko: "+format, args...))
+}
+
+// Build checks the registry and returns every registration problem at once
+// (nil when there is none). After Build the registry is read-only.
+func (r *Registry) Build() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.built = true
+	return errors.Join(r.problems...)
+}
+
+// EventTypes lists the qualified names of every declared event, sorted.
+func (r *Registry) EventTypes() []string { return sortedKeys(r.events) }
+
+// WriteTypes lists the qualified names of every write handler, sorted.
+func (r *Registry) WriteTypes() []string { return sortedKeys(r.writes) }
+
+// QueryTypes lists the qualified names of every query handler, sorted.
+func (r *Registry) QueryTypes() []string { return sortedKeys(r.queries) }
+
+// HasEvent reports whether an event type of this qualified name is declared.
+func (r *Registry) HasEvent(qualified string) bool {
+	_, ok := r.events[qualified]
+	return ok
+}
+
+// Projections returns every registered projection (inline and
+// multi-stream), sorted by name.
+func (r *Registry) Projections() []*Projection {
+	out := make([]*Projection, 0, len(r.projections))
+	for _, k := range sortedKeys(r.projections) {
+		out = append(out, r.projections[k])
+	}
+	return out
+}
+
+// Projection returns the projection called name, or nil.
+func (r *Registry) Projection(name string) *Projection { return r.projections[name] }
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// closestNames returns up to n known names that share the most with name,
+// for "did you mean" hints.
+func closestNames(name string, known []string, n int) []string {
+	type scored struct {
+		s     string
+		score int
+	}
+	var all []scored
+	for _, k := range known {
+		sc := 0
+		for _, part := range strings.FieldsFunc(name, func(r rune) bool { return r == ':' || r == '-' }) {
+			if strings.Contains(k, part) {
+				sc++
+			}
+		}
+		all = append(all, scored{k, sc})
+	}
+	slices.SortStableFunc(all, func(a, b scored) int { return b.score - a.score })
+	out := make([]string, 0, n)
+	for i := 0; i < len(all) && i < n; i++ {
+		out = append(out, all[i].s)
+	}
+	return out
+}

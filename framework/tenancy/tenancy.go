@@ -1,0 +1,79 @@
+// Package tenancy scopes a Postgres transaction to one tenant, so that
+// row-level security confines every statement in it to that tenant's rows.
+//
+// A tenant-scoped transaction sets kumiko.tenant_id with set_config(...,
+// true) and switches to the non-privileged role kumiko_tenant with SET LOCAL
+// ROLE; the policies created by kumiko_enable_tenancy (FORCE ROW LEVEL
+// SECURITY) then apply even when the pool connects as a superuser. The system
+// tenant keeps the connecting role and so sees every tenant. [Begin] sends
+// BEGIN and the scoping in one pipelined batch: one round trip.
+package tenancy
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// SystemTenantID is the tenant of framework-internal work; its transactions
+// run unrestricted. No caller's token can carry it.
+const SystemTenantID = "system"
+
+// Role is the non-privileged role tenant-scoped transactions switch to.
+const Role = "kumiko_tenant"
+
+// Conn is the part of *pgx.Conn the package needs.
+type Conn interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// Options tune [Begin].
+type Options struct {
+	// ReadOnly starts a READ ONLY transaction. Defaults to false.
+	ReadOnly bool
+}
+
+// QueueScope queues the statements that scope the open transaction to
+// tenant (or lift the restriction for [SystemTenantID]).
+func QueueScope(b *pgx.Batch, tenant string) {
+	b.Queue(`SELECT set_config('kumiko.tenant_id', $1, true)`, tenant)
+	if tenant == SystemTenantID {
+		b.Queue(`SET LOCAL ROLE NONE`)
+	} else {
+		b.Queue(`SET LOCAL ROLE ` + Role)
+	}
+}
+
+// Begin starts a transaction on conn scoped to tenant, in one round trip.
+// On error the connection may be mid-transaction: the caller must roll back
+// or discard it.
+func Begin(ctx context.Context, conn Conn, tenant string, opts Options) error {
+	if tenant == "" {
+		return fmt.Errorf("tenancy: empty tenant id")
+	}
+	b := &pgx.Batch{}
+	if opts.ReadOnly {
+		b.Queue(`BEGIN READ ONLY`)
+	} else {
+		b.Queue(`BEGIN`)
+	}
+	QueueScope(b, tenant)
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("tenancy: begin for tenant %q: %w", tenant, err)
+	}
+	return nil
+}
+
+// Switch re-scopes an open transaction to another tenant (the dispatcher
+// runs events of several tenants in one pass).
+func Switch(ctx context.Context, conn Conn, tenant string) error {
+	b := &pgx.Batch{}
+	QueueScope(b, tenant)
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("tenancy: switch to tenant %q: %w", tenant, err)
+	}
+	return nil
+}

@@ -1,0 +1,244 @@
+package framework
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/kumiko-go/kumiko/framework/auth"
+	"github.com/kumiko-go/kumiko/framework/eventstore"
+	"github.com/kumiko-go/kumiko/framework/tenancy"
+)
+
+// Principal is the authenticated caller of a request.
+type Principal = auth.Principal
+
+// SystemTenantID is the tenant of framework-internal work; its transactions
+// see every tenant.
+const SystemTenantID = tenancy.SystemTenantID
+
+// Expected-version values for [Tx.Append].
+const (
+	// AnyVersion appends at whatever version the stream has.
+	AnyVersion = eventstore.AnyVersion
+	// NoStream appends only when the stream does not exist yet.
+	NoStream = eventstore.NoStream
+)
+
+// AsOf bounds an aggregate read by version or time; the zero value is "now".
+type AsOf = eventstore.AsOf
+
+// DB is the statement interface of a transaction.
+type DB = eventstore.DB
+
+// Tx is the tenant-scoped transaction a handler runs in: write and query
+// handlers, inline and multi-stream projections, and jobs all get one. Its
+// statements (Exec, Query, QueryRow, SendBatch) are confined by row-level
+// security to [Tx.TenantID]'s rows.
+//
+// Appended events are buffered and written when the framework flushes them:
+// before inline projections and postSave hooks run, or pipelined with the
+// COMMIT. Call [Tx.Flush] to write them earlier (for example to read them
+// back).
+type Tx struct {
+	db        DB
+	reg       *Registry
+	tenant    string
+	principal Principal
+	meta      Metadata
+	readOnly  bool
+
+	pending []pendingAppend
+	// flushed holds the envelopes written by flushes and not yet handed to
+	// the inline projections.
+	flushed []Envelope
+	// written counts every event this Tx wrote.
+	written int
+}
+
+type pendingAppend struct {
+	stream   eventstore.StreamRef
+	expected int64
+	events   []eventstore.NewEvent
+}
+
+// newTx wraps an open, already scoped transaction.
+func newTx(db DB, reg *Registry, tenant string, p Principal, meta Metadata, readOnly bool) *Tx {
+	return &Tx{db: db, reg: reg, tenant: tenant, principal: p, meta: meta, readOnly: readOnly}
+}
+
+// Exec runs a statement in the transaction.
+func (t *Tx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	return t.db.Exec(ctx, sql, args...)
+}
+
+// Query runs a query in the transaction.
+func (t *Tx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	return t.db.Query(ctx, sql, args...)
+}
+
+// QueryRow runs a single-row query in the transaction.
+func (t *Tx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return t.db.QueryRow(ctx, sql, args...)
+}
+
+// SendBatch pipelines several statements in the transaction.
+func (t *Tx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	return t.db.SendBatch(ctx, b)
+}
+
+// TenantID returns the tenant the transaction is scoped to.
+func (t *Tx) TenantID() string { return t.tenant }
+
+// Principal returns the caller (zero for system work).
+func (t *Tx) Principal() Principal { return t.principal }
+
+// UserID returns the caller's user id ("" for system work).
+func (t *Tx) UserID() string { return t.meta.UserID }
+
+// RequestID returns the HTTP request id, when there is one.
+func (t *Tx) RequestID() string { return t.meta.RequestID }
+
+// CorrelationID returns the correlation id every event appended here carries.
+func (t *Tx) CorrelationID() string { return t.meta.CorrelationID }
+
+// CausationID returns the causation id every event appended here carries
+// (the triggering event's id in projections and jobs, the request id in
+// write handlers).
+func (t *Tx) CausationID() string { return t.meta.CausationID }
+
+// ErrReadOnly is returned by [Tx.Append] in a query handler.
+var ErrReadOnly = errors.New("kumiko: append in a read-only transaction")
+
+// Append adds events to the stream (in the transaction's tenant) at the
+// expected version ([AnyVersion], [NoStream], or the version the stream must
+// be at). It checks each event at the call site: an event type not declared
+// in this registry is an error, and a payload that fails its validator tags
+// is a *[ValidationError]; nothing is buffered then. A version mismatch is
+// reported when the events are written, as a *[ConcurrencyError].
+func (t *Tx) Append(stream Stream, expectedVersion int64, events ...PendingEvent) error {
+	if t.readOnly {
+		return ErrReadOnly
+	}
+	if stream.Type == "" || stream.ID == "" {
+		return fmt.Errorf("kumiko: append to incomplete stream %q", stream.String())
+	}
+	if len(events) == 0 {
+		return eventstore.ErrEmptyAppend
+	}
+	out := make([]eventstore.NewEvent, 0, len(events))
+	for _, e := range events {
+		if e.def == nil || t.reg.events[e.def.qualified] != e.def {
+			return fmt.Errorf("kumiko: append of undeclared event type %q (declare it with DefineEvent in this registry)", e.Type())
+		}
+		if err := ValidatePayload(e.payload); err != nil {
+			return err
+		}
+		b, err := json.Marshal(e.payload)
+		if err != nil {
+			return fmt.Errorf("kumiko: encode %s payload: %w", e.def.qualified, err)
+		}
+		out = append(out, eventstore.NewEvent{Type: e.def.qualified, TypeVersion: e.def.version, Payload: b, Metadata: t.meta})
+	}
+	ref := eventstore.StreamRef{TenantID: t.tenant, Type: stream.Type, ID: stream.ID}
+	t.pending = append(t.pending, pendingAppend{stream: ref, expected: expectedVersion, events: out})
+	return nil
+}
+
+// queueFlush queues every pending append on b in lock order (streams
+// sorted; appends to one stream in call order) and clears the buffer.
+func (t *Tx) queueFlush(b *pgx.Batch) error {
+	if len(t.pending) == 0 {
+		return nil
+	}
+	pend := t.pending
+	t.pending = nil
+	slices.SortStableFunc(pend, func(a, b pendingAppend) int { return eventstore.SortStreams(a.stream, b.stream) })
+	now := time.Now()
+	for _, p := range pend {
+		err := eventstore.QueueAppend(b, p.stream, p.expected, p.events, func(res []eventstore.Appended, err error) error {
+			if err != nil {
+				return err
+			}
+			for i, a := range res {
+				e := p.events[i]
+				t.flushed = append(t.flushed, Envelope{
+					Position: a.Position, CommitKey: a.CommitKey, TenantID: p.stream.TenantID,
+					StreamType: p.stream.Type, StreamID: p.stream.ID, Version: a.Version,
+					Type: e.Type, TypeVersion: e.TypeVersion, Payload: e.Payload, Metadata: e.Metadata, CreatedAt: now,
+				})
+			}
+			t.written += len(res)
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Flush writes the buffered events now and returns the events written by
+// this and earlier flushes that inline projections have not seen yet.
+func (t *Tx) Flush(ctx context.Context) ([]Envelope, error) {
+	if len(t.pending) > 0 {
+		b := &pgx.Batch{}
+		if err := t.queueFlush(b); err != nil {
+			return nil, err
+		}
+		if err := t.db.SendBatch(ctx, b).Close(); err != nil {
+			return nil, err
+		}
+	}
+	return t.flushed, nil
+}
+
+// streamRef qualifies a stream with the transaction's tenant.
+func (t *Tx) streamRef(s Stream) eventstore.StreamRef {
+	return eventstore.StreamRef{TenantID: t.tenant, Type: s.Type, ID: s.ID}
+}
+
+// FetchForWriting locks the stream's head row (when it exists) and returns
+// its events and current version (0 for a new stream); append with that
+// version to guard against a concurrent writer. Buffered appends are written
+// first.
+func (t *Tx) FetchForWriting(ctx context.Context, stream Stream) ([]Envelope, int64, error) {
+	if _, err := t.Flush(ctx); err != nil {
+		return nil, 0, err
+	}
+	return eventstore.FetchForWriting(ctx, t.db, t.streamRef(stream))
+}
+
+// ReadStream returns the stream's events in version order as of asOf.
+// Buffered appends are written first.
+func (t *Tx) ReadStream(ctx context.Context, stream Stream, asOf AsOf) ([]Envelope, error) {
+	if _, err := t.Flush(ctx); err != nil {
+		return nil, err
+	}
+	return eventstore.ReadStream(ctx, t.db, t.streamRef(stream), asOf)
+}
+
+// translatePg maps the Postgres errors a client can cause to *Error.
+func translatePg(err error) *Error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return nil
+	}
+	switch pgErr.Code {
+	case "42501": // insufficient_privilege, including row-level security violations
+		return &Error{Code: CodeAccessDenied, Message: "access denied", Err: err}
+	case "23505": // unique_violation
+		return &Error{Code: CodeConflict, Message: "conflict: " + pgErr.ConstraintName + " already exists", Err: err}
+	case "40001", "40P01": // serialization failure, deadlock
+		return &Error{Code: CodeConflict, Message: "conflict with a concurrent write, retry", Err: err}
+	case "22001": // string_data_right_truncation
+		return &Error{Code: CodeValidation, Message: "value too long", Err: err}
+	}
+	return nil
+}
