@@ -1,11 +1,13 @@
 package framework
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -242,3 +244,23 @@ func translatePg(err error) *Error {
 	}
 	return nil
 }
+
+// NewEventTx wraps an open transaction for a handler reacting to env (a
+// projection or a job): it is scoped to env's tenant, and events it appends
+// carry env's correlation id and env's id as causation id. The caller must
+// have scoped the transaction to env.TenantID (tenancy.Switch) and must
+// flush it (see [Tx.Flush]) before committing. Used by the dispatcher.
+func NewEventTx(db DB, reg *Registry, env Envelope) *Tx {
+	meta := Metadata{
+		UserID:        env.Metadata.UserID,
+		CorrelationID: cmp.Or(env.Metadata.CorrelationID, strconv.FormatInt(env.Position, 10)),
+		CausationID:   strconv.FormatInt(env.Position, 10),
+	}
+	return newTx(db, reg, env.TenantID, Principal{UserID: env.Metadata.UserID, TenantID: env.TenantID}, meta, false)
+}
+
+// HasPending reports whether appended events wait to be written.
+func (t *Tx) HasPending() bool { return len(t.pending) > 0 }
+
+// Written returns how many events this Tx has written so far.
+func (t *Tx) Written() int { return t.written }

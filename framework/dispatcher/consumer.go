@@ -1,0 +1,68 @@
+package dispatcher
+
+import (
+	"context"
+
+	"github.com/kumiko-go/kumiko/framework"
+)
+
+// SharedInstance is the instance id of shared consumers' state rows. It is
+// reserved: no process may use it as its own instance id.
+const SharedInstance = "__shared__"
+
+// Consumer is one subscriber of the event log.
+type Consumer struct {
+	// Name is the persistent id of the consumer's cursor; never rename it.
+	Name string
+	// Delivery is shared (one cursor) or per-instance (one per process).
+	// Defaults to shared.
+	Delivery framework.Delivery
+	// EventTypes the consumer reads; nil means every type.
+	EventTypes []string
+	// Apply handles one event in the pass's transaction, scoped to the
+	// event's tenant (unless System).
+	Apply func(ctx context.Context, tx *framework.Tx, env framework.Envelope) error
+	// System consumers run in the unrestricted system scope and skip the
+	// per-tenant scoping round trips (they do not touch tenant tables).
+	System bool
+	// SkipApplyErrors records a failing event as a dead letter and moves on.
+	SkipApplyErrors bool
+	// MaxAttempts before the consumer turns dead. Defaults to 10.
+	MaxAttempts int
+	// BatchSize is the number of events per pass. Defaults to the
+	// dispatcher's batch size.
+	BatchSize int
+	// StartAtHead registers a new state row at the current end of the log
+	// instead of its start (for live-only consumers such as SSE).
+	StartAtHead bool
+}
+
+// FromProjection turns a registered multi-stream projection into a Consumer.
+func FromProjection(p *framework.Projection) Consumer {
+	o := p.Options()
+	return Consumer{
+		Name:            p.Name(),
+		Delivery:        o.Delivery,
+		EventTypes:      p.EventTypes(),
+		Apply:           p.Apply,
+		SkipApplyErrors: o.SkipApplyErrors,
+		MaxAttempts:     o.MaxAttempts,
+		BatchSize:       o.BatchSize,
+	}
+}
+
+// ProjectionConsumers returns a Consumer for every multi-stream projection
+// of reg whose RunIn is accepted by keep (nil keeps all).
+func ProjectionConsumers(reg *framework.Registry, keep func(framework.RunIn) bool) []Consumer {
+	var out []Consumer
+	for _, p := range reg.Projections() {
+		if p.Kind() != framework.KindMultiStream {
+			continue
+		}
+		if keep != nil && !keep(p.Options().RunIn) {
+			continue
+		}
+		out = append(out, FromProjection(p))
+	}
+	return out
+}

@@ -1,0 +1,569 @@
+package dispatcher
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kumiko-go/kumiko/framework"
+	"github.com/kumiko-go/kumiko/framework/eventstore"
+	"github.com/kumiko-go/kumiko/framework/tenancy"
+)
+
+// Config tunes [New]. A nil *Config is invalid (InstanceID is required).
+type Config struct {
+	// InstanceID identifies this process's per-instance cursors. Required;
+	// SharedInstance is refused.
+	InstanceID string
+	// Logger receives failures and state changes. Defaults to discarding.
+	Logger *slog.Logger
+	// PollInterval is the fallback poll period (jittered by ±20%). Defaults
+	// to 100ms.
+	PollInterval time.Duration
+	// PollOnly disables LISTEN (behind a transaction-pooling PgBouncer).
+	// Defaults to false.
+	PollOnly bool
+	// BatchSize is the number of events per pass. Defaults to 500.
+	BatchSize int
+	// MaxConcurrentPasses bounds how many consumers run a pass at once (each
+	// holds a pool connection). Defaults to 2.
+	MaxConcurrentPasses int
+	// RetryBaseDelay is the first retry's delay; it doubles per attempt.
+	// Defaults to 200ms.
+	RetryBaseDelay time.Duration
+	// RetryMaxDelay caps the retry delay. Defaults to 30s.
+	RetryMaxDelay time.Duration
+	// ReviveCooldown is how long a consumer stays dead before it is revived
+	// automatically. Defaults to 5m.
+	ReviveCooldown time.Duration
+	// MaxRevivals caps automatic revivals until a delivery succeeds.
+	// Defaults to 3.
+	MaxRevivals int
+	// HeartbeatInterval is how often per-instance rows are touched, lag is
+	// measured and stale rows are removed. Defaults to 10s.
+	HeartbeatInterval time.Duration
+	// StaleInstanceAfter removes per-instance rows silent for this long.
+	// Defaults to 10m.
+	StaleInstanceAfter time.Duration
+	// NotifyInterval is the minimum gap between two coalesced NOTIFYs.
+	// Defaults to 5ms.
+	NotifyInterval time.Duration
+	// PassTimeout bounds one pass. Defaults to 60s.
+	PassTimeout time.Duration
+	// Metrics registers the dispatcher's collectors. Defaults to none.
+	Metrics prometheus.Registerer
+}
+
+// NotifyChannel is the Postgres channel of the coalesced wake-up NOTIFY.
+const NotifyChannel = "kumiko_events"
+
+// ErrReservedInstance is returned when the instance id is SharedInstance.
+var ErrReservedInstance = errors.New("dispatcher: instance id __shared__ is reserved for shared consumers")
+
+// Dispatcher runs passes for its consumers until its context ends.
+type Dispatcher struct {
+	pool      *pgxpool.Pool
+	reg       *framework.Registry
+	cfg       Config
+	log       *slog.Logger
+	consumers []*consumerRun
+	byName    map[string]*consumerRun
+	slots     chan struct{}
+	notifyReq chan struct{}
+	metrics   *metrics
+}
+
+// consumerRun is a consumer with its resolved state-row key and wake chan.
+type consumerRun struct {
+	Consumer
+	instance string
+	wake     chan struct{}
+	lockKey  string
+}
+
+// New validates the consumers and returns a dispatcher. It fails on the
+// reserved instance id, an empty or duplicate consumer name, or a nil Apply.
+func New(pool *pgxpool.Pool, reg *framework.Registry, consumers []Consumer, cfg *Config) (*Dispatcher, error) {
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	c := *cfg
+	if c.InstanceID == "" {
+		return nil, errors.New("dispatcher: instance id is required")
+	}
+	if c.InstanceID == SharedInstance {
+		return nil, ErrReservedInstance
+	}
+	c.PollInterval = cmp.Or(c.PollInterval, 100*time.Millisecond)
+	c.BatchSize = cmp.Or(c.BatchSize, 500)
+	c.MaxConcurrentPasses = cmp.Or(c.MaxConcurrentPasses, 2)
+	c.RetryBaseDelay = cmp.Or(c.RetryBaseDelay, 200*time.Millisecond)
+	c.RetryMaxDelay = cmp.Or(c.RetryMaxDelay, 30*time.Second)
+	c.ReviveCooldown = cmp.Or(c.ReviveCooldown, 5*time.Minute)
+	c.MaxRevivals = cmp.Or(c.MaxRevivals, 3)
+	c.HeartbeatInterval = cmp.Or(c.HeartbeatInterval, 10*time.Second)
+	c.StaleInstanceAfter = cmp.Or(c.StaleInstanceAfter, 10*time.Minute)
+	c.NotifyInterval = cmp.Or(c.NotifyInterval, 5*time.Millisecond)
+	c.PassTimeout = cmp.Or(c.PassTimeout, 60*time.Second)
+	d := &Dispatcher{
+		pool: pool, reg: reg, cfg: c,
+		log:       cmp.Or(c.Logger, slog.New(slog.DiscardHandler)),
+		byName:    map[string]*consumerRun{},
+		slots:     make(chan struct{}, c.MaxConcurrentPasses),
+		notifyReq: make(chan struct{}, 1),
+	}
+	var problems []error
+	for _, cons := range consumers {
+		if cons.Name == "" {
+			problems = append(problems, errors.New("dispatcher: consumer without name"))
+			continue
+		}
+		if cons.Apply == nil {
+			problems = append(problems, fmt.Errorf("dispatcher: consumer %s has no Apply", cons.Name))
+		}
+		if _, dup := d.byName[cons.Name]; dup {
+			problems = append(problems, fmt.Errorf("dispatcher: consumer %s registered twice", cons.Name))
+			continue
+		}
+		cons.Delivery = cmp.Or(cons.Delivery, framework.DeliveryShared)
+		cons.MaxAttempts = cmp.Or(cons.MaxAttempts, 10)
+		cons.BatchSize = cmp.Or(cons.BatchSize, c.BatchSize)
+		inst := SharedInstance
+		if cons.Delivery == framework.DeliveryPerInstance {
+			inst = c.InstanceID
+		}
+		cr := &consumerRun{Consumer: cons, instance: inst, wake: make(chan struct{}, 1), lockKey: cons.Name + "\x1f" + inst}
+		d.consumers = append(d.consumers, cr)
+		d.byName[cons.Name] = cr
+	}
+	if len(problems) > 0 {
+		return nil, errors.Join(problems...)
+	}
+	var err error
+	if d.metrics, err = newMetrics(c.Metrics); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// InstanceID returns the process's instance id.
+func (d *Dispatcher) InstanceID() string { return d.cfg.InstanceID }
+
+// Consumers lists the names of the dispatcher's consumers.
+func (d *Dispatcher) Consumers() []string {
+	out := make([]string, len(d.consumers))
+	for i, c := range d.consumers {
+		out[i] = c.Name
+	}
+	return out
+}
+
+// Wake makes every consumer of this process run a pass soon and schedules
+// one coalesced NOTIFY for the other processes. Call it after a commit that
+// wrote events; it never blocks.
+func (d *Dispatcher) Wake() {
+	d.wakeLocal()
+	select {
+	case d.notifyReq <- struct{}{}:
+	default:
+	}
+}
+
+func (d *Dispatcher) wakeLocal() {
+	for _, c := range d.consumers {
+		select {
+		case c.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+const registerSQL = `INSERT INTO event_consumers (name, instance_id, event_types, cursor_commit_key, cursor_position)
+SELECT $1, $2, $3,
+       CASE WHEN $4 THEN coalesce((SELECT max(commit_key) FROM events), '0'::xid8) ELSE '0'::xid8 END,
+       CASE WHEN $4 THEN coalesce((SELECT max(position) FROM events), 0) ELSE 0 END
+ON CONFLICT (name, instance_id) DO UPDATE SET event_types = EXCLUDED.event_types, heartbeat_at = now()`
+
+// Register creates every consumer's state row (cursor at the start of the
+// log, or at its head for StartAtHead) before any pass runs, so that a prune
+// cannot delete what a consumer has not seen. Run calls it first.
+func (d *Dispatcher) Register(ctx context.Context) error {
+	b := &pgx.Batch{}
+	for _, c := range d.consumers {
+		b.Queue(registerSQL, c.Name, c.instance, c.EventTypes, c.StartAtHead)
+	}
+	if err := d.pool.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("dispatcher: register consumers: %w", err)
+	}
+	return nil
+}
+
+// Run registers the consumers, then runs passes until ctx ends; the pass in
+// flight finishes first. It returns nil on a clean shutdown.
+func (d *Dispatcher) Run(ctx context.Context) error {
+	if err := d.Register(ctx); err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	for _, c := range d.consumers {
+		wg.Go(func() { d.loop(ctx, c) })
+	}
+	wg.Go(func() { d.notifyLoop(ctx) })
+	if !d.cfg.PollOnly {
+		wg.Go(func() { d.listenLoop(ctx) })
+	}
+	wg.Go(func() { d.maintenanceLoop(ctx) })
+	wg.Wait()
+	return nil
+}
+
+// jitter returns interval ±20%.
+func jitter(interval time.Duration) time.Duration {
+	return interval*8/10 + time.Duration(rand.Int64N(int64(interval*4/10)+1))
+}
+
+// loop runs passes of one consumer: at once while batches come back full,
+// otherwise on a wake-up, a poll tick or a due retry.
+func (d *Dispatcher) loop(ctx context.Context, c *consumerRun) {
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	fast := time.Duration(0) // the short re-poll while events wait above the horizon
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case d.slots <- struct{}{}:
+		}
+		// A pass in flight finishes even when ctx ends (drain), bounded by
+		// PassTimeout.
+		passCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.PassTimeout)
+		res, err := d.pass(passCtx, c)
+		cancel()
+		<-d.slots
+		if err != nil && ctx.Err() == nil {
+			d.log.Error("dispatcher pass failed", "consumer", c.Name, "instance_id", c.instance, "error", err)
+		}
+		if err == nil && res.full {
+			continue
+		}
+		wait := jitter(d.cfg.PollInterval)
+		if err == nil && res.invisible {
+			fast = min(max(fast*2, 2*time.Millisecond), d.cfg.PollInterval)
+			wait = min(wait, fast)
+		} else {
+			fast = 0
+		}
+		if err != nil {
+			wait = max(wait, time.Second)
+		}
+		if !res.retryAt.IsZero() {
+			wait = min(wait, max(time.Until(res.retryAt), time.Millisecond))
+		}
+		timer.Reset(wait)
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.wake:
+		case <-timer.C:
+		}
+	}
+}
+
+// passResult says what a pass did.
+type passResult struct {
+	// delivered counts events whose cursor advance committed.
+	delivered int
+	// full is set when the batch was full (more may be waiting).
+	full bool
+	// skipped is set when another process held the consumer's lock.
+	skipped bool
+	// retryAt is when a failed event becomes due again.
+	retryAt time.Time
+	// invisible is set when committed-or-not events wait above the horizon:
+	// they become visible when an older transaction ends, which may not wake
+	// this process, so the loop polls again soon.
+	invisible bool
+}
+
+// RunOnce runs one pass of the named consumer and returns the number of
+// events it delivered. Tests and tools use it; Run is the production loop.
+func (d *Dispatcher) RunOnce(ctx context.Context, name string) (int, error) {
+	c := d.byName[name]
+	if c == nil {
+		return 0, fmt.Errorf("dispatcher: unknown consumer %q", name)
+	}
+	res, err := d.pass(ctx, c)
+	return res.delivered, err
+}
+
+const (
+	lockSQL  = `SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))`
+	stateSQL = `SELECT status, attempts, failed_position, next_attempt_at, now()
+FROM event_consumers WHERE name = $1 AND instance_id = $2`
+	// batchSQL reads after the consumer's cursor, below the horizon taken in
+	// this same statement.
+	batchSQL = `SELECT e.position, e.commit_key, e.tenant_id, e.stream_type, e.stream_id, e.version, e.type, e.type_version, e.payload, e.metadata, e.created_at
+FROM event_consumers c
+JOIN LATERAL (
+  SELECT * FROM events
+  WHERE (commit_key, position) > (c.cursor_commit_key, c.cursor_position)
+    AND commit_key < pg_snapshot_xmin(pg_current_snapshot())
+    AND (c.event_types IS NULL OR type = ANY(c.event_types))
+  ORDER BY commit_key, position
+  LIMIT $3
+) e ON true
+WHERE c.name = $1 AND c.instance_id = $2
+ORDER BY e.commit_key, e.position`
+	// pendingSQL looks for events after the cursor that are not visible
+	// yet (above the horizon).
+	pendingSQL = `SELECT EXISTS (SELECT 1 FROM events e, event_consumers c
+  WHERE c.name = $1 AND c.instance_id = $2
+    AND e.commit_key >= pg_snapshot_xmin(pg_current_snapshot())
+    AND (e.commit_key, e.position) > (c.cursor_commit_key, c.cursor_position))`
+	advanceSQL = `UPDATE event_consumers SET cursor_commit_key = $3, cursor_position = $4,
+  attempts = 0, failed_position = NULL, last_error = NULL, next_attempt_at = NULL, revivals = 0,
+  events_processed = events_processed + $5, updated_at = now()
+WHERE name = $1 AND instance_id = $2`
+	failSQL = `UPDATE event_consumers SET cursor_commit_key = $3, cursor_position = $4,
+  events_processed = events_processed + $5,
+  attempts = $6, failed_position = $7, last_error = $8,
+  next_attempt_at = now() + $9::interval,
+  status = CASE WHEN $10 THEN 'dead' ELSE status END,
+  dead_at = CASE WHEN $10 THEN now() ELSE dead_at END,
+  updated_at = now()
+WHERE name = $1 AND instance_id = $2`
+	deadLetterSQL = `INSERT INTO event_dead_letters (consumer, instance_id, position, event_type, tenant_id, error)
+VALUES ($1, $2, $3, $4, $5, $6)`
+)
+
+// consumerState is the state row as a pass sees it.
+type consumerState struct {
+	status         string
+	attempts       int
+	failedPosition *int64
+	nextAttemptAt  *time.Time
+	now            time.Time
+}
+
+// begin opens a pass transaction: BEGIN, the try-lock, the state row and
+// the batch, pipelined in one round trip.
+func (d *Dispatcher) begin(ctx context.Context, conn *pgx.Conn, c *consumerRun, limit int) (locked bool, st consumerState, recs []eventstore.Record, invisible bool, err error) {
+	b := &pgx.Batch{}
+	b.Queue(`BEGIN`)
+	b.Queue(lockSQL, c.lockKey).QueryRow(func(r pgx.Row) error { return r.Scan(&locked) })
+	found := false
+	b.Queue(stateSQL, c.Name, c.instance).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			found = true
+			if err := rows.Scan(&st.status, &st.attempts, &st.failedPosition, &st.nextAttemptAt, &st.now); err != nil {
+				return err
+			}
+		}
+		return rows.Err()
+	})
+	b.Queue(batchSQL, c.Name, c.instance, limit).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			var r eventstore.Record
+			if err := rows.Scan(&r.Position, &r.CommitKey, &r.TenantID, &r.StreamType, &r.StreamID, &r.Version,
+				&r.Type, &r.TypeVersion, &r.Payload, &r.Metadata, &r.CreatedAt); err != nil {
+				return err
+			}
+			recs = append(recs, r)
+		}
+		return rows.Err()
+	})
+	b.Queue(pendingSQL, c.Name, c.instance).QueryRow(func(r pgx.Row) error { return r.Scan(&invisible) })
+	if err = conn.SendBatch(ctx, b).Close(); err != nil {
+		return false, st, nil, false, fmt.Errorf("read batch: %w", err)
+	}
+	if !found {
+		return locked, st, nil, false, fmt.Errorf("consumer %s/%s has no state row", c.Name, c.instance)
+	}
+	return locked, st, recs, invisible, nil
+}
+
+// pass runs one pass of c.
+func (d *Dispatcher) pass(ctx context.Context, c *consumerRun) (passResult, error) {
+	conn, err := d.pool.Acquire(ctx)
+	if err != nil {
+		return passResult{}, fmt.Errorf("dispatcher: acquire: %w", err)
+	}
+	defer conn.Release()
+	res, failAt, failErr, err := d.attempt(ctx, conn.Conn(), c, c.BatchSize, nil)
+	if err != nil || failAt < 0 {
+		if err != nil {
+			err = fmt.Errorf("dispatcher: %s: %w", c.Name, err)
+		}
+		return res, err
+	}
+	// Event failAt failed and its pass was rolled back: re-run the pass up
+	// to the event before it, recording the failure with the cursor.
+	d.metrics.failed.WithLabelValues(c.Name, c.instance).Inc()
+	d.log.Warn("consumer event failed", "consumer", c.Name, "instance_id", c.instance, "error", failErr)
+	res, _, _, err = d.attempt(ctx, conn.Conn(), c, failAt+1, &failure{index: failAt, err: failErr})
+	if err != nil {
+		err = fmt.Errorf("dispatcher: %s: record failure: %w", c.Name, err)
+	}
+	return res, err
+}
+
+// failure is an event that failed in an earlier attempt of this pass.
+type failure struct {
+	index int
+	err   error
+	pos   int64
+}
+
+// attempt runs one pass transaction. Without f it applies up to limit
+// events and, when one fails, rolls back and returns its index (failAt >=
+// 0). With f it applies the events before f.index and records the failure.
+func (d *Dispatcher) attempt(ctx context.Context, conn *pgx.Conn, c *consumerRun, limit int, f *failure) (res passResult, failAt int, failErr error, err error) {
+	failAt = -1
+	committed := false
+	defer func() {
+		if !committed {
+			rollbackConn(conn)
+		}
+	}()
+	locked, st, recs, invisible, err := d.begin(ctx, conn, c, limit)
+	if err != nil {
+		return res, -1, nil, err
+	}
+	res.invisible = invisible
+	if !locked {
+		res.skipped = true
+		return res, -1, nil, nil
+	}
+	if st.status != "idle" {
+		return res, -1, nil, nil
+	}
+	if st.nextAttemptAt != nil && st.nextAttemptAt.After(st.now) {
+		res.retryAt = time.Now().Add(st.nextAttemptAt.Sub(st.now))
+		return res, -1, nil, nil
+	}
+	if len(recs) == 0 {
+		return res, -1, nil, nil // an idle pass writes nothing
+	}
+	apply := recs
+	if f != nil {
+		if len(recs) <= f.index {
+			return res, -1, nil, nil // the batch changed under us; the next pass sees it afresh
+		}
+		apply = recs[:f.index]
+	}
+	scope := tenancy.SystemTenantID
+	written := 0
+	for i, env := range apply {
+		want := tenancy.SystemTenantID
+		if !c.System {
+			want = env.TenantID
+		}
+		if want != scope {
+			if err := tenancy.Switch(ctx, conn, want); err != nil {
+				return res, -1, nil, err
+			}
+			scope = want
+		}
+		tx := framework.NewEventTx(conn, d.reg, env)
+		aerr := c.Apply(ctx, tx, env)
+		if aerr == nil && tx.HasPending() {
+			_, aerr = tx.Flush(ctx)
+		}
+		if aerr != nil {
+			if f != nil {
+				// It succeeded in the first attempt; give up this pass.
+				return res, -1, nil, fmt.Errorf("event %d failed on re-run: %w", env.Position, aerr)
+			}
+			return res, i, aerr, nil
+		}
+		written += tx.Written()
+	}
+	b := &pgx.Batch{}
+	if scope != tenancy.SystemTenantID {
+		tenancy.QueueScope(b, tenancy.SystemTenantID)
+	}
+	cur := eventstore.Cursor{}
+	if len(apply) > 0 {
+		cur = apply[len(apply)-1].Cursor()
+	}
+	switch {
+	case f == nil:
+		b.Queue(advanceSQL, c.Name, c.instance, cur.CommitKey, cur.Position, len(apply))
+	case c.SkipApplyErrors:
+		bad := recs[f.index]
+		b.Queue(deadLetterSQL, c.Name, c.instance, bad.Position, bad.Type, bad.TenantID, f.err.Error())
+		cur = bad.Cursor()
+		b.Queue(advanceSQL, c.Name, c.instance, cur.CommitKey, cur.Position, len(apply))
+	default:
+		bad := recs[f.index]
+		attempts := 1
+		if st.failedPosition != nil && *st.failedPosition == bad.Position {
+			attempts = st.attempts + 1
+		}
+		dead := attempts >= c.MaxAttempts
+		delay := d.backoff(attempts)
+		res.retryAt = time.Now().Add(delay)
+		if len(apply) == 0 {
+			// The cursor stays where it is.
+			b.Queue(`UPDATE event_consumers SET attempts = $3, failed_position = $4, last_error = $5,
+  next_attempt_at = now() + $6::interval,
+  status = CASE WHEN $7 THEN 'dead' ELSE status END,
+  dead_at = CASE WHEN $7 THEN now() ELSE dead_at END, updated_at = now()
+WHERE name = $1 AND instance_id = $2`, c.Name, c.instance, attempts, bad.Position, truncate(f.err.Error()), delay, dead)
+		} else {
+			b.Queue(failSQL, c.Name, c.instance, cur.CommitKey, cur.Position, len(apply), attempts, bad.Position, truncate(f.err.Error()), delay, dead)
+		}
+		if dead {
+			d.log.Error("consumer dead", "consumer", c.Name, "instance_id", c.instance, "position", bad.Position, "attempts", attempts, "error", f.err)
+		}
+	}
+	b.Queue(`COMMIT`)
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		return res, -1, nil, fmt.Errorf("commit pass: %w", err)
+	}
+	committed = true
+	res.delivered = len(apply)
+	res.full = f == nil && len(recs) >= limit
+	if f != nil && c.SkipApplyErrors {
+		res.full = true // move on at once
+	}
+	d.metrics.processed.WithLabelValues(c.Name, c.instance).Add(float64(len(apply)))
+	if written > 0 {
+		d.Wake()
+	}
+	return res, -1, nil, nil
+}
+
+// backoff returns the delay before attempt n+1.
+func (d *Dispatcher) backoff(attempts int) time.Duration {
+	delay := d.cfg.RetryBaseDelay
+	for i := 1; i < attempts && delay < d.cfg.RetryMaxDelay; i++ {
+		delay *= 2
+	}
+	return min(delay, d.cfg.RetryMaxDelay)
+}
+
+func truncate(s string) string {
+	if len(s) > 2000 {
+		return s[:2000]
+	}
+	return s
+}
+
+// rollbackConn ends a pass transaction that did not commit.
+func rollbackConn(c *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := c.Exec(ctx, "ROLLBACK"); err != nil {
+		_ = c.Close(ctx)
+	}
+}

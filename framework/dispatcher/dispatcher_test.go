@@ -1,0 +1,356 @@
+package dispatcher_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kumiko-go/kumiko/framework"
+	"github.com/kumiko-go/kumiko/framework/dispatcher"
+	"github.com/kumiko-go/kumiko/framework/kumikotest"
+)
+
+type noted struct {
+	N int `json:"n"`
+}
+
+// bundle is a test's database, registry, runtime and event type.
+type bundle struct {
+	db    *kumikotest.DB
+	reg   *framework.Registry
+	f     *framework.Feature
+	noted framework.EventType[noted]
+	rt    *framework.Runtime
+}
+
+func setup(t *testing.T, register func(b *bundle)) *bundle {
+	t.Helper()
+	b := &bundle{db: kumikotest.NewDB(t), reg: framework.NewRegistry()}
+	b.f = b.reg.Feature("test")
+	b.noted = framework.DefineEvent[noted](b.f, "noted", nil)
+	_, err := b.db.Pool.Exec(context.Background(), `CREATE TABLE seen (tenant_id text NOT NULL, consumer text, position bigint, n int, causation text, correlation text);
+		SELECT kumiko_enable_tenancy('seen')`)
+	require.NoError(t, err)
+	if register != nil {
+		register(b)
+	}
+	b.rt, err = framework.NewRuntime(b.reg, b.db.Pool, nil)
+	require.NoError(t, err)
+	return b
+}
+
+// write appends n events for tenant in streams s0..s(streams-1).
+func (b *bundle) write(t *testing.T, tenant string, from, n, streams int) {
+	t.Helper()
+	for i := from; i < from+n; i++ {
+		_, err := b.rt.InTx(context.Background(), tenant, framework.Metadata{CorrelationID: fmt.Sprintf("corr-%d", i)}, func(ctx context.Context, tx *framework.Tx) error {
+			return tx.Append(framework.Stream{Type: "s", ID: fmt.Sprint(i % streams)}, framework.AnyVersion, b.noted.With(noted{N: i}))
+		})
+		require.NoError(t, err)
+	}
+}
+
+// recorder is a projection that writes every event to the seen table.
+func recorder(b *bundle, name string, opts *framework.ProjectionOptions) *framework.Projection {
+	p := framework.MultiStreamProjection(b.f, name, opts)
+	framework.On(p, b.noted, func(ctx context.Context, tx *framework.Tx, e framework.Event[noted]) error {
+		_, err := tx.Exec(ctx, `INSERT INTO seen VALUES ($1, $2, $3, $4, $5, $6)`, tx.TenantID(), name, e.ID, e.Payload.N, tx.CausationID(), tx.CorrelationID())
+		return err
+	})
+	return p
+}
+
+func newDispatcher(t *testing.T, b *bundle, cfg *dispatcher.Config) *dispatcher.Dispatcher {
+	t.Helper()
+	if cfg == nil {
+		cfg = &dispatcher.Config{}
+	}
+	if cfg.InstanceID == "" {
+		cfg.InstanceID = "test-instance"
+	}
+	d, err := dispatcher.New(b.db.Pool, b.reg, dispatcher.ProjectionConsumers(b.reg, nil), cfg)
+	require.NoError(t, err)
+	require.NoError(t, d.Register(context.Background()))
+	return d
+}
+
+// drain runs passes until the consumer has delivered want events in total.
+func drain(t *testing.T, d *dispatcher.Dispatcher, name string, want int) {
+	t.Helper()
+	got := 0
+	deadline := time.Now().Add(30 * time.Second)
+	for got < want {
+		n, err := d.RunOnce(context.Background(), name)
+		require.NoError(t, err)
+		got += n
+		if n == 0 {
+			require.True(t, time.Now().Before(deadline), "delivered %d of %d", got, want)
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	require.Equal(t, want, got)
+}
+
+func count(t *testing.T, b *bundle, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), sql, args...).Scan(&n))
+	return n
+}
+
+type consumerRow struct {
+	status   string
+	attempts int
+	position int64
+	lastErr  *string
+}
+
+func state(t *testing.T, b *bundle, name, instance string) consumerRow {
+	t.Helper()
+	var r consumerRow
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT status, attempts, cursor_position, last_error FROM event_consumers WHERE name = $1 AND instance_id = $2`, name, instance).
+		Scan(&r.status, &r.attempts, &r.position, &r.lastErr))
+	return r
+}
+
+func TestEveryEventDeliveredInOrderToEveryConsumer(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(b *bundle) {
+		recorder(b, "a", nil)
+		recorder(b, "b", &framework.ProjectionOptions{BatchSize: 7})
+	})
+	d := newDispatcher(t, b, nil)
+	b.write(t, "t1", 0, 30, 4)
+	b.write(t, "t2", 30, 20, 3)
+	drain(t, d, "test:a", 50)
+	drain(t, d, "test:b", 50)
+	for _, name := range []string{"test:a", "test:b"} {
+		rows, err := b.db.Pool.Query(context.Background(), `SELECT n FROM seen WHERE consumer = $1 ORDER BY ctid`, name[len("test:"):])
+		require.NoError(t, err)
+		var ns []int
+		for rows.Next() {
+			var n int
+			require.NoError(t, rows.Scan(&n))
+			ns = append(ns, n)
+		}
+		require.Len(t, ns, 50)
+		for i, n := range ns {
+			require.Equal(t, i, n, "order")
+		}
+	}
+	// Events keep their tenant and carry correlation and causation ids.
+	require.Equal(t, 30, count(t, b, `SELECT count(*) FROM seen WHERE consumer = 'a' AND tenant_id = 't1'`))
+	require.Equal(t, 50, count(t, b, `SELECT count(*) FROM seen WHERE consumer = 'a' AND causation = position::text AND correlation = 'corr-' || n`))
+}
+
+func TestIdlePassWritesNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(b *bundle) { recorder(b, "a", nil) })
+	d := newDispatcher(t, b, nil)
+	b.write(t, "t1", 0, 3, 1)
+	drain(t, d, "test:a", 3)
+	var before string
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT xmin::text FROM event_consumers WHERE name = 'test:a'`).Scan(&before))
+	for range 5 {
+		n, err := d.RunOnce(context.Background(), "test:a")
+		require.NoError(t, err)
+		require.Zero(t, n)
+	}
+	var after string
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT xmin::text FROM event_consumers WHERE name = 'test:a'`).Scan(&after))
+	require.Equal(t, before, after, "an idle pass must not write the state row")
+}
+
+func TestCursorMovesOnlyPastSuccesses(t *testing.T) {
+	t.Parallel()
+	var failAt atomic.Int64
+	failAt.Store(5)
+	b := setup(t, func(b *bundle) {
+		p := recorder(b, "a", nil)
+		_ = p
+		q := framework.MultiStreamProjection(b.f, "flaky", nil)
+		framework.On(q, b.noted, func(ctx context.Context, tx *framework.Tx, e framework.Event[noted]) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO seen VALUES ($1, 'flaky', $2, $3, '', '')`, tx.TenantID(), e.ID, e.Payload.N); err != nil {
+				return err
+			}
+			if int64(e.Payload.N) == failAt.Load() {
+				return errors.New("boom")
+			}
+			return nil
+		})
+	})
+	d := newDispatcher(t, b, &dispatcher.Config{RetryBaseDelay: time.Millisecond})
+	b.write(t, "t1", 0, 10, 2)
+	drain(t, d, "test:flaky", 5) // events 0..4 commit with the cursor
+	require.Equal(t, 5, count(t, b, `SELECT count(*) FROM seen WHERE consumer = 'flaky'`), "the failing event's write is undone")
+	st := state(t, b, "test:flaky", dispatcher.SharedInstance)
+	require.Equal(t, 1, st.attempts)
+	require.NotNil(t, st.lastErr)
+	require.Contains(t, *st.lastErr, "boom")
+	// The other consumer is unaffected.
+	drain(t, d, "test:a", 10)
+	// Once the failure clears, delivery continues from the failing event.
+	failAt.Store(-1)
+	time.Sleep(5 * time.Millisecond)
+	drain(t, d, "test:flaky", 5)
+	require.Equal(t, 10, count(t, b, `SELECT count(*) FROM seen WHERE consumer = 'flaky'`))
+	require.Equal(t, 10, count(t, b, `SELECT count(DISTINCT n) FROM seen WHERE consumer = 'flaky'`))
+	require.Zero(t, state(t, b, "test:flaky", dispatcher.SharedInstance).attempts)
+}
+
+func TestThrowingConsumerDiesAloneAfterMaxAttempts(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(b *bundle) {
+		recorder(b, "healthy", nil)
+		q := framework.MultiStreamProjection(b.f, "broken", &framework.ProjectionOptions{MaxAttempts: 3})
+		framework.On(q, b.noted, func(ctx context.Context, tx *framework.Tx, e framework.Event[noted]) error {
+			return errors.New("always")
+		})
+	})
+	d := newDispatcher(t, b, &dispatcher.Config{RetryBaseDelay: time.Millisecond, RetryMaxDelay: 2 * time.Millisecond})
+	b.write(t, "t1", 0, 4, 1)
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) && state(t, b, "test:broken", dispatcher.SharedInstance).status != "dead" {
+		_, err := d.RunOnce(context.Background(), "test:broken")
+		require.NoError(t, err)
+		time.Sleep(3 * time.Millisecond)
+	}
+	st := state(t, b, "test:broken", dispatcher.SharedInstance)
+	require.Equal(t, "dead", st.status)
+	require.Equal(t, 3, st.attempts)
+	require.Zero(t, st.position)
+	// Dead: no more passes run.
+	n, err := d.RunOnce(context.Background(), "test:broken")
+	require.NoError(t, err)
+	require.Zero(t, n)
+	require.Equal(t, 3, state(t, b, "test:broken", dispatcher.SharedInstance).attempts)
+	drain(t, d, "test:healthy", 4)
+}
+
+func TestSkipApplyErrorsRecordsDeadLetter(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(b *bundle) {
+		q := framework.MultiStreamProjection(b.f, "lenient", &framework.ProjectionOptions{SkipApplyErrors: true})
+		framework.On(q, b.noted, func(ctx context.Context, tx *framework.Tx, e framework.Event[noted]) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO seen VALUES ($1, 'lenient', $2, $3, '', '')`, tx.TenantID(), e.ID, e.Payload.N); err != nil {
+				return err
+			}
+			if e.Payload.N == 2 {
+				return errors.New("poison")
+			}
+			return nil
+		})
+	})
+	d := newDispatcher(t, b, nil)
+	b.write(t, "t1", 0, 5, 1)
+	drain(t, d, "test:lenient", 4)
+	require.Equal(t, 4, count(t, b, `SELECT count(*) FROM seen`))
+	require.Zero(t, count(t, b, `SELECT count(*) FROM seen WHERE n = 2`))
+	require.Equal(t, 1, count(t, b, `SELECT count(*) FROM event_dead_letters WHERE consumer = 'test:lenient' AND error LIKE '%poison%'`))
+	require.Equal(t, "idle", state(t, b, "test:lenient", dispatcher.SharedInstance).status)
+}
+
+func TestSagaKeepsCorrelationAndChainsCausation(t *testing.T) {
+	t.Parallel()
+	type hop struct {
+		Depth int `json:"depth"`
+	}
+	var hopEv framework.EventType[hop]
+	b := setup(t, func(b *bundle) {
+		hopEv = framework.DefineEvent[hop](b.f, "hop", nil)
+		p := framework.MultiStreamProjection(b.f, "saga", &framework.ProjectionOptions{Saga: true})
+		framework.On(p, hopEv, func(ctx context.Context, tx *framework.Tx, e framework.Event[hop]) error {
+			if e.Payload.Depth >= 3 {
+				return nil
+			}
+			return tx.Append(framework.Stream{Type: "hop", ID: fmt.Sprint(e.Payload.Depth + 1)}, framework.NoStream, hopEv.With(hop{Depth: e.Payload.Depth + 1}))
+		})
+	})
+	d := newDispatcher(t, b, nil)
+	_, err := b.rt.InTx(context.Background(), "t7", framework.Metadata{CorrelationID: "corr-x", CausationID: "req-1", RequestID: "req-1"}, func(ctx context.Context, tx *framework.Tx) error {
+		return tx.Append(framework.Stream{Type: "hop", ID: "0"}, framework.NoStream, hopEv.With(hop{Depth: 0}))
+	})
+	require.NoError(t, err)
+	drain(t, d, "test:saga", 4)
+	rows, err := b.db.Pool.Query(context.Background(), `SELECT position, tenant_id, metadata->>'correlationId', metadata->>'causationId' FROM events ORDER BY position`)
+	require.NoError(t, err)
+	var prev int64
+	i := 0
+	for rows.Next() {
+		var pos int64
+		var tenant, corr, cause string
+		require.NoError(t, rows.Scan(&pos, &tenant, &corr, &cause))
+		require.Equal(t, "t7", tenant, "events keep their tenant through a saga")
+		require.Equal(t, "corr-x", corr)
+		if i == 0 {
+			require.Equal(t, "req-1", cause)
+		} else {
+			require.Equal(t, fmt.Sprint(prev), cause, "causation chains to the previous hop")
+		}
+		prev = pos
+		i++
+	}
+	require.Equal(t, 4, i)
+}
+
+func TestSharedInstanceIDRefused(t *testing.T) {
+	t.Parallel()
+	_, err := dispatcher.New(nil, framework.NewRegistry(), nil, &dispatcher.Config{InstanceID: dispatcher.SharedInstance})
+	require.ErrorIs(t, err, dispatcher.ErrReservedInstance)
+}
+
+// Run delivers through LISTEN/NOTIFY with the poll interval at a minute,
+// also after the listening backend was killed.
+func TestListenDeliversWithoutPolling(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(b *bundle) { recorder(b, "a", nil) })
+	// The writer process is another dispatcher instance: its Wake sends the
+	// NOTIFY that the reader's LISTEN connection receives.
+	reader := newDispatcher(t, b, &dispatcher.Config{InstanceID: "reader", PollInterval: time.Minute})
+	writer, err := dispatcher.New(b.db.Pool, b.reg, nil, &dispatcher.Config{InstanceID: "writer", PollInterval: time.Minute})
+	require.NoError(t, err)
+	b.rt.OnCommit(func(int) { writer.Wake() })
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = reader.Run(ctx) })
+	wg.Go(func() { _ = writer.Run(ctx) })
+	defer func() { cancel(); wg.Wait() }()
+
+	waitListening(t, b, 2)
+	time.Sleep(50 * time.Millisecond) // let the first pass finish
+	b.write(t, "t1", 0, 1, 1)
+	waitCount(t, b, `SELECT count(*) FROM seen`, 1, 5*time.Second)
+
+	// Kill the LISTEN backend; the dispatcher reconnects and delivers again.
+	_, err = b.db.Pool.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN%'`)
+	require.NoError(t, err)
+	time.Sleep(300 * time.Millisecond)
+	waitListening(t, b, 2)
+	time.Sleep(50 * time.Millisecond)
+	b.write(t, "t1", 1, 1, 1)
+	waitCount(t, b, `SELECT count(*) FROM seen`, 2, 5*time.Second)
+}
+
+func waitListening(t *testing.T, b *bundle, n int) {
+	t.Helper()
+	waitCount(t, b, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN%'`, n, 10*time.Second)
+}
+
+func waitCount(t *testing.T, b *bundle, sql string, want int, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		got := count(t, b, sql)
+		if got == want {
+			return
+		}
+		require.True(t, time.Now().Before(deadline), "%s: got %d, want %d", sql, got, want)
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,34 @@
+// Package dispatcher delivers every committed event to the consumers that
+// subscribe to it: multi-stream projections, sagas and the framework's
+// system consumers (SSE broadcast, job trigger, cache invalidation).
+//
+// # Passes
+//
+// Each consumer has a state row (name, instance_id) in event_consumers; a
+// shared consumer uses the instance id [SharedInstance], a per-instance one
+// the process's instance id. A pass is one transaction: take a
+// transaction-scoped advisory try-lock on (name, instance_id), skip the pass
+// if another process holds it; read a batch after the cursor below the
+// visibility horizon (eventstore.ReadAfter's rules); run the handlers in this
+// transaction, each event scoped to its tenant; advance the cursor; commit.
+// A handler's database writes and the cursor commit together, so database
+// effects happen once; external effects are at-least-once and belong in jobs.
+//
+// When event k of a batch fails, the pass is rolled back and re-run up to
+// k-1, so the events before it commit with the cursor and the failing one's
+// writes are undone; the happy path pays no per-event savepoint.
+//
+// # Failures
+//
+// A failing event is retried with exponential backoff; after MaxAttempts the
+// consumer turns dead (only that consumer stops). A dead consumer is revived
+// automatically after a cooldown, a bounded number of times. A consumer with
+// SkipApplyErrors records the event in event_dead_letters and moves on.
+//
+// # Wake-up
+//
+// A process wakes its own consumers after its commits ([Dispatcher.Wake]) and
+// sends one coalesced NOTIFY on a separate connection; other processes LISTEN
+// on a dedicated connection. A jittered poll is the fallback, and the only
+// mechanism in poll-only mode (behind a transaction-pooling PgBouncer).
+package dispatcher

@@ -1,0 +1,77 @@
+package dispatcher
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the dispatcher's Prometheus collectors.
+type metrics struct {
+	lag        *prometheus.GaugeVec
+	processed  *prometheus.CounterVec
+	failed     *prometheus.CounterVec
+	visibility prometheus.Gauge
+	listen     prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kumiko_event_consumer_lag_events",
+			Help: "Events of the consumer's types after its cursor (visible or not yet).",
+		}, []string{"consumer", "instance_id"}),
+		processed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kumiko_event_consumer_events_processed_total",
+			Help: "Events delivered to the consumer whose cursor advance committed.",
+		}, []string{"consumer", "instance_id"}),
+		failed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kumiko_event_consumer_events_failed_total",
+			Help: "Handler failures of the consumer.",
+		}, []string{"consumer", "instance_id"}),
+		visibility: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kumiko_event_visibility_lag_seconds",
+			Help: "Age of the oldest open transaction holding an xid: how long it holds back the event visibility horizon of every reader in the cluster.",
+		}),
+		listen: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kumiko_dispatcher_listen_connected",
+			Help: "1 while the dispatcher's LISTEN connection is up, 0 otherwise (polling still delivers).",
+		}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	var err error
+	if m.lag, err = register(reg, m.lag); err != nil {
+		return nil, err
+	}
+	if m.processed, err = register(reg, m.processed); err != nil {
+		return nil, err
+	}
+	if m.failed, err = register(reg, m.failed); err != nil {
+		return nil, err
+	}
+	if m.visibility, err = register(reg, m.visibility); err != nil {
+		return nil, err
+	}
+	if m.listen, err = register(reg, m.listen); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// register adds c to reg, or returns the collector already registered
+// under its name (several dispatchers in one process share them).
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing, nil
+			}
+		}
+		return c, fmt.Errorf("dispatcher: register metrics: %w", err)
+	}
+	return c, nil
+}

@@ -1,0 +1,271 @@
+package framework_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kumiko-go/kumiko/features/orders"
+	"github.com/kumiko-go/kumiko/framework"
+)
+
+// regPayload is a payload for registry tests; its content does not matter.
+type regPayload struct {
+	Name string `json:"name" validate:"required"`
+}
+
+func regWrite(context.Context, *framework.Tx, regPayload) (struct{}, error) { return struct{}{}, nil }
+
+func regQuery(context.Context, *framework.Tx, regPayload) (struct{}, error) { return struct{}{}, nil }
+
+func regApply(context.Context, *framework.Tx, framework.Event[regPayload]) error { return nil }
+
+func regUpcast(p json.RawMessage) (json.RawMessage, error) { return p, nil }
+
+// joinedErrors splits the error returned by Build into its problems.
+func joinedErrors(t *testing.T, err error) []error {
+	t.Helper()
+	require.Error(t, err)
+	var multi interface{ Unwrap() []error }
+	require.ErrorAs(t, err, &multi, "Build returns one joined error")
+	return multi.Unwrap()
+}
+
+// Every registration mistake is collected and reported by one Build call,
+// so a developer fixes them in one round instead of one per boot.
+func TestBuildReportsEveryProblemAtOnce(t *testing.T) {
+	t.Parallel()
+
+	// Handles from another registry: one of a name this registry never
+	// declares, one of a name it declares too (a different definition).
+	other := framework.NewRegistry()
+	foreign := framework.DefineEvent[regPayload](other.Feature("elsewhere"), "thing", nil)
+	sameNameForeign := framework.DefineEvent[regPayload](other.Feature("shop"), "placed", nil)
+	require.NoError(t, other.Build())
+
+	r := framework.NewRegistry()
+	shop := r.Feature("shop")
+	placed := framework.DefineEvent[regPayload](shop, "placed", nil)
+	shipped := framework.DefineEvent[regPayload](shop, "shipped", nil)
+	framework.DefineEvent[regPayload](shop, "placed", nil)
+	framework.DefineEvent[regPayload](shop, "Bad_Event", nil)
+	framework.DefineEvent[regPayload](shop, "evolved", &framework.EventOptions{Version: 3})
+	framework.DefineEvent[regPayload](shop, "half-evolved", &framework.EventOptions{
+		Version: 3, Upcasters: map[int]framework.Upcaster{1: regUpcast},
+	})
+
+	framework.Write(shop, "place", regWrite, nil)
+	framework.Write(shop, "place", regWrite, nil)
+	framework.Write(shop, "placeOrder", regWrite, nil)
+	framework.Write[regPayload, struct{}](shop, "nil-write", nil, nil)
+
+	framework.Query(shop, "get", regQuery, nil)
+	framework.Query(shop, "get", regQuery, nil)
+	framework.Query(shop, "get_all", regQuery, nil)
+	framework.Query[regPayload, struct{}](shop, "nil-query", nil, nil)
+
+	r.Feature("Shop")
+	r.Feature("my shop")
+
+	p := framework.InlineProjection(shop, "totals")
+	framework.On(p, placed, regApply)
+	framework.On(p, framework.EventType[regPayload]{}, regApply)
+	framework.On(p, foreign, regApply)
+	framework.On(p, sameNameForeign, regApply)
+	framework.On(p, placed, regApply)
+	framework.On[regPayload](p, shipped, nil)
+	framework.InlineProjection(shop, "totals")
+	framework.MultiStreamProjection(shop, "Audit", nil)
+	framework.MultiStreamProjection(shop, "audit", &framework.ProjectionOptions{Delivery: "sometimes", RunIn: "nowhere"})
+
+	want := []string{
+		`kumiko: event shop:event:placed declared twice`,
+		`kumiko: event name "Bad_Event" of feature "shop" is not kebab-case`,
+		`kumiko: event shop:event:evolved: version 1 has no upcaster to 2`,
+		`kumiko: event shop:event:evolved: version 2 has no upcaster to 3`,
+		`kumiko: event shop:event:half-evolved: version 2 has no upcaster to 3`,
+		`kumiko: write shop:write:place registered twice`,
+		`kumiko: write name "placeOrder" of feature "shop" is not kebab-case`,
+		`kumiko: write shop:write:nil-write has a nil handler`,
+		`kumiko: query shop:query:get registered twice`,
+		`kumiko: query name "get_all" of feature "shop" is not kebab-case`,
+		`kumiko: query shop:query:nil-query has a nil handler`,
+		`kumiko: feature name "Shop" is not kebab-case`,
+		`kumiko: feature name "my shop" is not kebab-case`,
+		`kumiko: projection shop:totals handles undeclared event ""`,
+		`kumiko: projection shop:totals handles undeclared event "elsewhere:event:thing"`,
+		`kumiko: projection shop:totals handles undeclared event "shop:event:placed"`,
+		`kumiko: projection shop:totals handles shop:event:placed twice`,
+		`kumiko: projection shop:totals: nil handler for shop:event:shipped`,
+		`kumiko: projection shop:totals registered twice`,
+		`kumiko: projection name "Audit" of feature "shop" is not kebab-case`,
+		`kumiko: projection shop:audit: delivery "sometimes" is not shared or per-instance`,
+		`kumiko: projection shop:audit: runIn "nowhere" is not api, worker or both`,
+	}
+
+	err := r.Build()
+	problems := joinedErrors(t, err)
+	msg := err.Error()
+	for _, w := range want {
+		require.Contains(t, msg, w)
+	}
+	got := make([]string, len(problems))
+	for i, p := range problems {
+		got[i] = p.Error()
+	}
+	require.ElementsMatch(t, want, got, "each problem is reported exactly once")
+
+	// Build is repeatable, and NewRuntime refuses the registry with the
+	// same error before it touches the (here absent) pool.
+	require.EqualError(t, r.Build(), msg)
+	rt, err := framework.NewRuntime(r, nil, nil)
+	require.Nil(t, rt)
+	require.EqualError(t, err, msg)
+}
+
+// The problems are listed in registration order, one per line, so the
+// boot log reads top to bottom like the feature's code.
+func TestBuildListsProblemsInRegistrationOrder(t *testing.T) {
+	t.Parallel()
+	r := framework.NewRegistry()
+	f := r.Feature("shop")
+	framework.Write(f, "Place", regWrite, nil)
+	framework.DefineEvent[regPayload](f, "placed", nil)
+	framework.DefineEvent[regPayload](f, "placed", nil)
+	framework.Query[regPayload, struct{}](f, "get", nil, nil)
+
+	err := r.Build()
+	require.Len(t, joinedErrors(t, err), 3)
+	require.Equal(t, strings.Join([]string{
+		`kumiko: write name "Place" of feature "shop" is not kebab-case`,
+		`kumiko: event shop:event:placed declared twice`,
+		`kumiko: query shop:query:get has a nil handler`,
+	}, "\n"), err.Error())
+}
+
+// The kebab-case rule, name by name: the same pattern guards feature,
+// event, write, query and projection names.
+func TestNamesMustBeKebabCase(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		ok   bool
+	}{
+		{"orders", true},
+		{"place-order", true},
+		{"v2", true},
+		{"step-2-of-3", true},
+		{"", false},
+		{"Orders", false},
+		{"place_order", false},
+		{"placeOrder", false},
+		{"-place", false},
+		{"place-", false},
+		{"place--order", false},
+		{"2fast", false},
+		{"place order", false},
+		{"orders:place", false},
+	} {
+		r := framework.NewRegistry()
+		f := r.Feature("kebab")
+		framework.DefineEvent[regPayload](f, tc.name, nil)
+		framework.Write(f, tc.name, regWrite, nil)
+		framework.Query(f, tc.name, regQuery, nil)
+		framework.MultiStreamProjection(f, tc.name, nil)
+		r.Feature(tc.name)
+		err := r.Build()
+		if tc.ok {
+			require.NoError(t, err, "%q", tc.name)
+			continue
+		}
+		require.Len(t, joinedErrors(t, err), 5, "%q: one problem per kind", tc.name)
+		for _, kind := range []string{"event", "write", "query", "projection", "feature"} {
+			require.Contains(t, err.Error(), kind+` name "`+tc.name+`"`, "%q", tc.name)
+		}
+	}
+}
+
+// A correct registry (the orders sample plus every kind of registration)
+// builds without error and lists what it holds.
+func TestCleanRegistryBuilds(t *testing.T) {
+	t.Parallel()
+	r := framework.NewRegistry()
+	o := orders.Register(r)
+	f := r.Feature("audit")
+	require.Same(t, f, r.Feature("audit"), "Feature returns the same feature on every call")
+	renamed := framework.DefineEvent[regPayload](f, "renamed", &framework.EventOptions{
+		Version: 3, Upcasters: map[int]framework.Upcaster{1: regUpcast, 2: regUpcast},
+	})
+	framework.DefineEvent[regPayload](f, "ping", &framework.EventOptions{PubSub: true})
+	inline := framework.InlineProjection(f, "order-log")
+	framework.On(inline, o.Placed, func(context.Context, *framework.Tx, framework.Event[orders.Placed]) error { return nil })
+	framework.On(inline, o.Cancelled, func(context.Context, *framework.Tx, framework.Event[orders.Cancelled]) error { return nil })
+	ms := framework.MultiStreamProjection(f, "trail", &framework.ProjectionOptions{Table: "audit_trail", Delivery: framework.DeliveryPerInstance, RunIn: framework.RunInBoth})
+	framework.On(ms, renamed, regApply)
+	framework.Write(f, "note", regWrite, &framework.WriteOptions[regPayload, struct{}]{Roles: []string{"admin"}})
+	framework.Query(f, "trail", regQuery, &framework.QueryOptions{Roles: []string{"auditor"}})
+
+	require.NoError(t, r.Build())
+	require.Equal(t, []string{"audit:event:ping", "audit:event:renamed", "orders:event:cancelled", "orders:event:placed"}, r.EventTypes())
+	require.Equal(t, []string{"audit:write:note", "orders:write:cancel", "orders:write:place"}, r.WriteTypes())
+	require.Equal(t, []string{"audit:query:trail", "orders:query:get", "orders:query:list"}, r.QueryTypes())
+	require.True(t, r.HasEvent("orders:event:placed"))
+	require.False(t, r.HasEvent("orders:event:shipped"))
+	require.True(t, r.IsPubSub("audit:event:ping"))
+	require.False(t, r.IsPubSub("audit:event:renamed"))
+	require.Equal(t, 3, renamed.Version())
+
+	projections := r.Projections()
+	require.Len(t, projections, 2)
+	require.Equal(t, "audit:order-log", projections[0].Name())
+	require.Equal(t, framework.KindInline, projections[0].Kind())
+	require.Equal(t, []string{"orders:event:placed", "orders:event:cancelled"}, projections[0].EventTypes())
+	require.Equal(t, "audit:trail", projections[1].Name())
+	require.Equal(t, framework.KindMultiStream, projections[1].Kind())
+	require.Same(t, ms, r.Projection("audit:trail"))
+	require.Nil(t, r.Projection("audit:nope"))
+	opts := ms.Options()
+	require.Equal(t, framework.DeliveryPerInstance, opts.Delivery)
+	require.Equal(t, framework.RunInBoth, opts.RunIn)
+	require.Equal(t, 10, opts.MaxAttempts)
+	require.Equal(t, "audit_trail", opts.Table)
+
+	rt, err := framework.NewRuntime(r, nil, nil)
+	require.NoError(t, err)
+	require.Same(t, r, rt.Registry())
+}
+
+// An empty registry is valid: an application may boot with no features.
+func TestEmptyRegistryBuilds(t *testing.T) {
+	t.Parallel()
+	r := framework.NewRegistry()
+	require.NoError(t, r.Build())
+	require.Empty(t, r.EventTypes())
+	require.Empty(t, r.Projections())
+}
+
+// A zero or foreign handle makes no sense to [framework.Evolve] either;
+// it refuses at declaration time, before any stream is folded.
+func TestEvolveRejectsZeroEventType(t *testing.T) {
+	t.Parallel()
+	agg := framework.NewAggregate[struct{}]("thing")
+	require.PanicsWithValue(t, "kumiko: Evolve with an undeclared event type", func() {
+		framework.Evolve(agg, framework.EventType[regPayload]{}, func(*struct{}, framework.Event[regPayload]) {})
+	})
+}
+
+// errors.Join must not hide the problems' type: each one is a plain error
+// whose text starts with "kumiko: ".
+func TestBuildProblemsArePrefixed(t *testing.T) {
+	t.Parallel()
+	r := framework.NewRegistry()
+	framework.DefineEvent[regPayload](r.Feature("BAD"), "ALSO_BAD", nil)
+	for _, p := range joinedErrors(t, r.Build()) {
+		require.True(t, strings.HasPrefix(p.Error(), "kumiko: "), p.Error())
+		require.False(t, errors.Is(p, framework.ErrNotFound))
+	}
+}

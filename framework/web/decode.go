@@ -1,0 +1,146 @@
+package web
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"reflect"
+	"strings"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/kumiko-go/kumiko/framework"
+)
+
+// decodeBody reads the request body (at most the body limit) and decodes it
+// into v with [decodeJSON].
+func (s *Server) decodeBody(c echo.Context, v any) error {
+	body, err := readBody(c, s.bodyLimit)
+	if err != nil {
+		return err
+	}
+	return decodeJSON(body, s.maxDepth, v)
+}
+
+// readBody reads the whole body, failing with payload_too_large beyond limit
+// bytes (at once when Content-Length says so).
+func readBody(c echo.Context, limit int64) ([]byte, error) {
+	req := c.Request()
+	if req.ContentLength > limit {
+		return nil, tooLarge(limit, nil)
+	}
+	b, err := io.ReadAll(http.MaxBytesReader(c.Response().Writer, req.Body, limit))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return nil, tooLarge(limit, err)
+		}
+		return nil, &framework.Error{Code: framework.CodeBadRequest, Message: "cannot read the request body", Err: err}
+	}
+	return b, nil
+}
+
+// decodeJSON decodes body, which must be exactly one JSON object nested at
+// most maxDepth deep, into v, rejecting fields v does not have. Every failure
+// is a bad_request *framework.Error with a message naming the problem.
+func decodeJSON(body []byte, maxDepth int, v any) error {
+	trimmed := bytes.TrimLeft(body, " \t\r\n")
+	if len(trimmed) == 0 {
+		return badRequest("the request body is empty; expected a JSON object", nil)
+	}
+	if trimmed[0] != '{' {
+		return badRequest("the request body must be a JSON object", nil)
+	}
+	if !depthWithin(trimmed, maxDepth) {
+		return badRequest(fmt.Sprintf("the request body nests deeper than %d levels", maxDepth), nil)
+	}
+	dec := json.NewDecoder(bytes.NewReader(trimmed))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return decodeError(err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return badRequest("the request body has data after its JSON object", err)
+	}
+	return nil
+}
+
+// decodeError explains an encoding/json error in the client's terms.
+func decodeError(err error) error {
+	var se *json.SyntaxError
+	var te *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &se):
+		return badRequest(fmt.Sprintf("malformed JSON at byte %d: %s", se.Offset, strings.TrimPrefix(se.Error(), "json: ")), err)
+	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
+		return badRequest("malformed JSON: unexpected end of the request body", err)
+	case errors.As(err, &te):
+		field := te.Field
+		if field == "" {
+			field = "the request body"
+		}
+		return badRequest(fmt.Sprintf("%s must be %s, got %s", field, jsonKind(te.Type), te.Value), err)
+	}
+	if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+		return badRequest("unknown field "+name+" in the request body", err)
+	}
+	return badRequest("invalid request body: "+strings.TrimPrefix(err.Error(), "json: "), err)
+}
+
+// jsonKind names the JSON kind a Go type decodes from.
+func jsonKind(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64,
+		reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	default:
+		return "an object"
+	}
+}
+
+func badRequest(msg string, cause error) *framework.Error {
+	return &framework.Error{Code: framework.CodeBadRequest, Message: msg, Err: cause}
+}
+
+// depthWithin reports whether the objects and arrays of the JSON text b
+// nest at most max deep. It only counts brackets outside strings; whether b
+// is valid JSON is the decoder's business.
+func depthWithin(b []byte, maxDepth int) bool {
+	depth := 0
+	inString, escaped := false, false
+	for _, ch := range b {
+		if inString {
+			switch {
+			case escaped:
+				escaped = false
+			case ch == '\\':
+				escaped = true
+			case ch == '"':
+				inString = false
+			}
+			continue
+		}
+		switch ch {
+		case '"':
+			inString = true
+		case '{', '[':
+			depth++
+			if depth > maxDepth {
+				return false
+			}
+		case '}', ']':
+			depth--
+		}
+	}
+	return true
+}

@@ -1,0 +1,230 @@
+package web
+
+import (
+	"cmp"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"runtime/debug"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/labstack/echo/v4"
+
+	"github.com/kumiko-go/kumiko/framework"
+	"github.com/kumiko-go/kumiko/framework/auth"
+)
+
+// Header names of the request and correlation ids.
+const (
+	HeaderRequestID     = "X-Request-ID"
+	HeaderCorrelationID = "X-Correlation-ID"
+)
+
+// Defaults of [Config].
+const (
+	DefaultBodyLimit    int64 = 1 << 20 // 1 MiB
+	DefaultMaxJSONDepth       = 64
+	// MaxBatchCommands is the most commands one POST /api/batch may carry.
+	MaxBatchCommands = 100
+	// maxIDLength bounds a client-sent request or correlation id.
+	maxIDLength = 128
+)
+
+// Keys of the values the server stores in the echo.Context.
+const (
+	keyServer        = "kumiko.web.server"
+	keyRequestID     = "kumiko.web.request_id"
+	keyCorrelationID = "kumiko.web.correlation_id"
+	keyPrincipal     = "kumiko.web.principal"
+)
+
+// Config tunes [New]. A nil *Config means the defaults.
+type Config struct {
+	// Logger receives internal errors (with request id and cause), recovered
+	// panics and one line per request. Defaults to discarding.
+	Logger *slog.Logger
+	// BodyLimit is the largest request body in bytes the command endpoints
+	// read; a larger one is answered 413 payload_too_large. Zero or negative
+	// means the default. Defaults to 1 MiB.
+	BodyLimit int64
+	// MaxJSONDepth is the deepest nesting of objects and arrays a request
+	// body may have (the body's own object counts as 1); a deeper one is
+	// answered 400 bad_request before it is decoded. Zero or negative means
+	// the default. Defaults to 64.
+	MaxJSONDepth int
+}
+
+// Server is Kumiko's HTTP API on echo. It holds no goroutines and needs no
+// shutdown: serve [Server.Handler] with an http.Server and shut that down.
+type Server struct {
+	e         *echo.Echo
+	rt        *framework.Runtime
+	keys      *auth.Keyring
+	logger    *slog.Logger
+	bodyLimit int64
+	maxDepth  int
+}
+
+// New returns a server that runs commands on rt and verifies tokens with
+// keys. It registers POST /api/write, /api/batch and /api/query, all behind
+// [Server.Authenticate], and installs the request-id, panic-recovery and
+// error-envelope handling for every route, including routes added later
+// through [Server.Echo]. It panics when rt or keys is nil.
+func New(rt *framework.Runtime, keys *auth.Keyring, cfg *Config) *Server {
+	if rt == nil {
+		panic("kumiko: web.New: nil runtime")
+	}
+	if keys == nil {
+		panic("kumiko: web.New: nil keyring")
+	}
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	s := &Server{
+		rt:        rt,
+		keys:      keys,
+		logger:    cfg.Logger,
+		bodyLimit: cmp.Or(max(cfg.BodyLimit, 0), DefaultBodyLimit),
+		maxDepth:  cmp.Or(max(cfg.MaxJSONDepth, 0), DefaultMaxJSONDepth),
+	}
+	if s.logger == nil {
+		s.logger = slog.New(slog.DiscardHandler)
+	}
+	e := echo.New()
+	e.HideBanner = true
+	e.HidePort = true
+	e.HTTPErrorHandler = func(err error, c echo.Context) {
+		if werr := WriteError(c, err); werr != nil {
+			s.logger.Warn("write error response", "request_id", RequestID(c), "error", werr)
+		}
+	}
+	e.Pre(s.begin)
+	// Route-level middleware, not a Group's: a group with middleware adds a
+	// catch-all route, which turns 405s into 404s and asks unknown paths
+	// for a token.
+	e.POST("/api/write", s.handleWrite, s.Authenticate)
+	e.POST("/api/batch", s.handleBatch, s.Authenticate)
+	e.POST("/api/query", s.handleQuery, s.Authenticate)
+	s.e = e
+	return s
+}
+
+// Echo returns the echo instance, for other packages to add routes (SSE,
+// admin, health). Routes added to it get the request ids, panic recovery
+// and error envelope; pass [Server.Authenticate] as route middleware to
+// require a token. Prefer route middleware to e.Group(prefix, mw...): such a
+// group adds a catch-all route under prefix that answers 404 instead of 405
+// and runs mw for unknown paths.
+func (s *Server) Echo() *echo.Echo { return s.e }
+
+// Handler returns the server as an http.Handler.
+func (s *Server) Handler() http.Handler { return s.e }
+
+// RequestID returns the request's id: the client's sane X-Request-ID, else
+// a generated UUID. It returns "" outside a [Server]'s request.
+func RequestID(c echo.Context) string {
+	id, _ := c.Get(keyRequestID).(string)
+	return id
+}
+
+// CorrelationID returns the request's correlation id: the client's sane
+// X-Correlation-ID, else the request id. It returns "" outside a [Server]'s
+// request.
+func CorrelationID(c echo.Context) string {
+	id, _ := c.Get(keyCorrelationID).(string)
+	return id
+}
+
+// CallFrom returns the [framework.Call] of an authenticated request: its
+// principal, request id and correlation id (the causation id defaults to the
+// request id in the runtime). Handlers added through [Server.Echo] use it to
+// run commands.
+func CallFrom(c echo.Context) framework.Call {
+	p, _ := PrincipalFrom(c)
+	return framework.Call{Principal: p, RequestID: RequestID(c), CorrelationID: CorrelationID(c)}
+}
+
+// begin is the outermost middleware: it assigns the ids, recovers panics,
+// renders every error as the envelope and logs the request.
+func (s *Server) begin(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) (err error) {
+		start := time.Now()
+		req := c.Request()
+		rid := req.Header.Get(HeaderRequestID)
+		if !saneID(rid) {
+			rid = newID()
+		}
+		corr := req.Header.Get(HeaderCorrelationID)
+		if !saneID(corr) {
+			corr = rid
+		}
+		c.Set(keyServer, s)
+		c.Set(keyRequestID, rid)
+		c.Set(keyCorrelationID, corr)
+		h := c.Response().Header()
+		h.Set(HeaderRequestID, rid)
+		h.Set(HeaderCorrelationID, corr)
+		defer func() {
+			if v := recover(); v != nil {
+				if v == http.ErrAbortHandler { // net/http's way to abort a response: let it through
+					panic(v)
+				}
+				err = &panicError{value: v, stack: debug.Stack()}
+			}
+			if err != nil {
+				if werr := WriteError(c, err); werr != nil {
+					s.logger.Warn("write error response", "request_id", rid, "error", werr)
+				}
+				err = nil
+			}
+			s.logger.LogAttrs(req.Context(), slog.LevelInfo, "http request",
+				slog.String("method", req.Method),
+				slog.String("route", c.Path()),
+				slog.String("path", req.URL.Path),
+				slog.Int("status", c.Response().Status),
+				slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000),
+				slog.String("request_id", rid),
+				slog.String("correlation_id", corr),
+			)
+		}()
+		return next(c)
+	}
+}
+
+// panicError is a recovered panic, rendered as an internal error.
+type panicError struct {
+	value any
+	stack []byte
+}
+
+func (p *panicError) Error() string { return fmt.Sprintf("web: panic: %v", p.value) }
+
+// Unwrap returns the panic value when it is an error.
+func (p *panicError) Unwrap() error {
+	err, _ := p.value.(error)
+	return err
+}
+
+// saneID reports whether a client-sent id may be used: 1 to 128 printable
+// ASCII characters (space included).
+func saneID(id string) bool {
+	if id == "" || len(id) > maxIDLength {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] < 0x20 || id[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// newID returns a fresh request id (a time-ordered UUID).
+func newID() string {
+	id, err := uuid.NewV7()
+	if err != nil {
+		return uuid.NewString()
+	}
+	return id.String()
+}
