@@ -523,3 +523,28 @@ func (l *loader) jwtKeys(name string, required bool) []JWTKey {
 	}
 	return keys
 }
+
+// LoadForTool reads the configuration for the CLI's maintenance commands
+// (migrate, consumer, events, projection, jobs): like [Load], but APP_MODE is
+// taken as "worker", so JWT_SECRET is optional.
+func LoadForTool() (*Config, error) {
+	return FromLookup(func(name string) (string, bool) {
+		if name == "APP_MODE" {
+			return string(ModeWorker), true
+		}
+		return os.LookupEnv(name)
+	})
+}
+
+// LoadJWTKeys reads only JWT_SECRET (for `kumiko token`).
+func LoadJWTKeys() ([]JWTKey, error) {
+	v, ok := os.LookupEnv("JWT_SECRET")
+	if !ok || v == "" {
+		return nil, &VarError{Name: "JWT_SECRET", Err: errors.New("is required")}
+	}
+	keys, err := ParseJWTKeys(v)
+	if err != nil {
+		return nil, &VarError{Name: "JWT_SECRET", Err: err}
+	}
+	return keys, nil
+}

@@ -174,5 +174,6 @@ func Register(r *framework.Registry) *Feature {
 		}
 		return res, nil
 	}, nil)
+	registerTotals(f, ft)
 	return ft
 }

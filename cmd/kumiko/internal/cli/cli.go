@@ -1,0 +1,176 @@
+// Package cli holds the kumiko binary's commands (cobra).
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/kumiko-go/kumiko/config"
+	"github.com/kumiko-go/kumiko/entrypoint"
+	"github.com/kumiko-go/kumiko/framework"
+	"github.com/kumiko-go/kumiko/framework/auth"
+	"github.com/kumiko-go/kumiko/framework/migrate"
+)
+
+// Main runs the command line args with the application's features and
+// returns the process exit code.
+func Main(ctx context.Context, args []string, register func(*framework.Registry)) int {
+	root := Root(register)
+	root.SetArgs(args)
+	if err := root.ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(root.ErrOrStderr(), "kumiko:", err)
+		return 1
+	}
+	return 0
+}
+
+// Root builds the command tree.
+func Root(register func(*framework.Registry)) *cobra.Command {
+	root := &cobra.Command{
+		Use:           "kumiko",
+		Short:         "Kumiko: event-sourced application framework",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(serveCmd(register), migrateCmd(), tokenCmd())
+	return root
+}
+
+// logger returns the JSON logger at level.
+func logger(w io.Writer, level slog.Level) *slog.Logger {
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
+}
+
+func serveCmd(register func(*framework.Registry)) *cobra.Command {
+	return &cobra.Command{
+		Use:   "serve",
+		Short: "Run the process selected by APP_MODE (api, worker, all-in-one)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := config.Load()
+			if err != nil {
+				return fmt.Errorf("configuration:\n%w", err)
+			}
+			log := logger(cmd.ErrOrStderr(), cfg.LogLevel)
+			app, err := entrypoint.New(cmd.Context(), entrypoint.Options{Config: cfg, Register: register, Logger: log})
+			if err != nil {
+				return err
+			}
+			return app.Run(cmd.Context())
+		},
+	}
+}
+
+// toolPool opens the primary pool for a maintenance command.
+func toolPool(ctx context.Context) (*pgxpool.Pool, *config.Config, error) {
+	cfg, err := config.LoadForTool()
+	if err != nil {
+		return nil, nil, fmt.Errorf("configuration:\n%w", err)
+	}
+	pc, err := cfg.PoolConfig()
+	if err != nil {
+		return nil, nil, err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pool, cfg, nil
+}
+
+func migrateCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:       "migrate [up|status]",
+		Short:     "Apply pending migrations (default) or list their status",
+		Args:      cobra.MaximumNArgs(1),
+		ValidArgs: []string{"up", "status"},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			verb := "up"
+			if len(args) == 1 {
+				verb = args[0]
+			}
+			pool, _, err := toolPool(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			switch verb {
+			case "up":
+				n, err := migrate.Up(cmd.Context(), pool, nil, nil)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "applied %d migration(s)\n", n)
+				return nil
+			case "status":
+				sts, err := migrate.List(cmd.Context(), pool, nil)
+				if err != nil {
+					return err
+				}
+				for _, s := range sts {
+					state := "pending"
+					if s.Applied {
+						state = "applied"
+					}
+					fmt.Fprintf(cmd.OutOrStdout(), "%-8s %s\n", state, s.Name)
+				}
+				return nil
+			default:
+				return fmt.Errorf("unknown migrate verb %q (want up or status)", verb)
+			}
+		},
+	}
+	return cmd
+}
+
+func tokenCmd() *cobra.Command {
+	var tenant, user, roles string
+	var ttl time.Duration
+	cmd := &cobra.Command{
+		Use:   "token --tenant T --user U [--roles r1,r2] [--ttl 1h]",
+		Short: "Print a development JWT signed with JWT_SECRET",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if tenant == "" || user == "" {
+				return errors.New("--tenant and --user are required")
+			}
+			ck, err := config.LoadJWTKeys()
+			if err != nil {
+				return err
+			}
+			keys := make([]auth.Key, len(ck))
+			for i, k := range ck {
+				keys[i] = auth.Key{ID: k.ID, Secret: k.Secret}
+			}
+			ring, err := auth.NewKeyring(keys)
+			if err != nil {
+				return err
+			}
+			var rs []string
+			for _, r := range strings.Split(roles, ",") {
+				if r = strings.TrimSpace(r); r != "" {
+					rs = append(rs, r)
+				}
+			}
+			tok, err := ring.Mint(auth.Principal{UserID: user, TenantID: tenant, Roles: rs}, ttl)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), tok)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&tenant, "tenant", "", "tenant id (required)")
+	cmd.Flags().StringVar(&user, "user", "", "user id (required)")
+	cmd.Flags().StringVar(&roles, "roles", "", "comma-separated roles")
+	cmd.Flags().DurationVar(&ttl, "ttl", 24*time.Hour, "token lifetime")
+	return cmd
+}

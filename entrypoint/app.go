@@ -1,0 +1,318 @@
+package entrypoint
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/labstack/echo/v4"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/kumiko-go/kumiko/config"
+	"github.com/kumiko-go/kumiko/framework"
+	"github.com/kumiko-go/kumiko/framework/auth"
+	"github.com/kumiko-go/kumiko/framework/dispatcher"
+	"github.com/kumiko-go/kumiko/framework/web"
+)
+
+// State is a process's lifecycle state.
+type State string
+
+// The lifecycle states, in order.
+const (
+	StateStarting State = "starting"
+	StateReady    State = "ready"
+	StateDraining State = "draining"
+	StateStopped  State = "stopped"
+)
+
+// Options describe the application a process serves.
+type Options struct {
+	// Config is the validated process configuration. Required.
+	Config *config.Config
+	// Register adds the application's features to the registry. Required.
+	Register func(r *framework.Registry)
+	// Logger receives the process's logs. Defaults to discarding.
+	Logger *slog.Logger
+	// Migrations is the migration set readiness checks. Defaults to
+	// Kumiko's embedded migrations.
+	Migrations fs.FS
+	// InstanceID overrides Config.InstanceID. Defaults to the config's
+	// value, else a random id.
+	InstanceID string
+}
+
+// App is one built process. Build it with [New], run it with [App.Run].
+type App struct {
+	cfg        *config.Config
+	mode       config.Mode
+	log        *slog.Logger
+	instanceID string
+	migrations fs.FS
+
+	pool     *pgxpool.Pool
+	readPool *pgxpool.Pool
+	redis    *redis.Client
+	reg      *framework.Registry
+	rt       *framework.Runtime
+	disp     *dispatcher.Dispatcher
+	web      *web.Server
+	metrics  *prometheus.Registry
+	httpSrv  *http.Server
+
+	state    atomic.Value // State
+	hooksMu  sync.Mutex
+	shutdown []func(context.Context) error
+}
+
+// New builds the process of cfg.Mode: pools, registry, runtime, consumers
+// and HTTP server. It fails at boot with every registration problem, and on
+// a reserved instance id.
+func New(ctx context.Context, opts Options) (*App, error) {
+	if opts.Config == nil || opts.Register == nil {
+		return nil, errors.New("entrypoint: Config and Register are required")
+	}
+	cfg := opts.Config
+	a := &App{
+		cfg:        cfg,
+		mode:       cmp.Or(cfg.Mode, config.ModeAllInOne),
+		log:        cmp.Or(opts.Logger, slog.New(slog.DiscardHandler)),
+		instanceID: cmp.Or(opts.InstanceID, cfg.InstanceID, randomID()),
+		migrations: opts.Migrations,
+		metrics:    prometheus.NewRegistry(),
+	}
+	a.state.Store(StateStarting)
+	if a.instanceID == dispatcher.SharedInstance {
+		return nil, dispatcher.ErrReservedInstance
+	}
+	a.metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	a.reg = framework.NewRegistry()
+	opts.Register(a.reg)
+	if err := a.reg.Build(); err != nil {
+		return nil, fmt.Errorf("entrypoint: features: %w", err)
+	}
+
+	pc, err := cfg.PoolConfig()
+	if err != nil {
+		return nil, fmt.Errorf("entrypoint: %w", err)
+	}
+	if a.pool, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
+		return nil, fmt.Errorf("entrypoint: database pool: %w", err)
+	}
+	a.onShutdown(func(context.Context) error { a.pool.Close(); return nil })
+	if rpc, err := cfg.ReadPoolConfig(); err != nil {
+		return nil, fmt.Errorf("entrypoint: %w", err)
+	} else if rpc != nil {
+		if a.readPool, err = pgxpool.NewWithConfig(ctx, rpc); err != nil {
+			return nil, fmt.Errorf("entrypoint: read pool: %w", err)
+		}
+		a.onShutdown(func(context.Context) error { a.readPool.Close(); return nil })
+	}
+	ro, err := cfg.RedisOptions()
+	if err != nil {
+		return nil, fmt.Errorf("entrypoint: %w", err)
+	}
+	a.redis = redis.NewClient(ro)
+	a.onShutdown(func(context.Context) error { return a.redis.Close() })
+
+	if a.rt, err = framework.NewRuntime(a.reg, a.pool, &framework.RuntimeConfig{Logger: a.log, ReadPool: a.readPool}); err != nil {
+		return nil, fmt.Errorf("entrypoint: runtime: %w", err)
+	}
+
+	consumers := a.consumers()
+	if len(consumers) > 0 || a.mode != config.ModeWorker {
+		a.disp, err = dispatcher.New(a.pool, a.reg, consumers, &dispatcher.Config{
+			InstanceID:   a.instanceID,
+			Logger:       a.log,
+			PollInterval: cfg.DispatcherPollInterval,
+			PollOnly:     cfg.DispatcherPollOnly,
+			BatchSize:    cfg.DispatcherBatchSize,
+			Metrics:      a.metrics,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("entrypoint: %w", err)
+		}
+		a.rt.OnCommit(func(int) { a.disp.Wake() })
+	}
+
+	switch a.mode {
+	case config.ModeAPI, config.ModeAllInOne:
+		keys := make([]auth.Key, len(cfg.JWTKeys))
+		for i, k := range cfg.JWTKeys {
+			keys[i] = auth.Key{ID: k.ID, Secret: k.Secret}
+		}
+		ring, err := auth.NewKeyring(keys)
+		if err != nil {
+			return nil, fmt.Errorf("entrypoint: JWT_SECRET: %w", err)
+		}
+		a.web = web.New(a.rt, ring, &web.Config{Logger: a.log})
+		a.mountHealth(a.web.Echo())
+		a.httpSrv = &http.Server{Addr: cfg.HTTPAddr, Handler: a.web.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	case config.ModeWorker:
+		if a.disp == nil {
+			return nil, errors.New("entrypoint: worker has nothing to run: no consumers for runIn worker/both")
+		}
+		e := echo.New()
+		e.HideBanner, e.HidePort = true, true
+		a.mountHealth(e)
+		a.httpSrv = &http.Server{Addr: cfg.WorkerHTTPAddr, Handler: e, ReadHeaderTimeout: 10 * time.Second}
+	}
+	return a, nil
+}
+
+// consumers returns the consumers this mode runs.
+func (a *App) consumers() []dispatcher.Consumer {
+	var out []dispatcher.Consumer
+	for _, c := range dispatcher.ProjectionConsumers(a.reg, nil) {
+		p := a.reg.Projection(c.Name)
+		if a.runs(p.Options().RunIn, c.Delivery) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// runs applies the mode table to one consumer.
+func (a *App) runs(runIn framework.RunIn, delivery framework.Delivery) bool {
+	switch a.mode {
+	case config.ModeAPI:
+		return delivery == framework.DeliveryPerInstance || runIn == framework.RunInAPI || runIn == framework.RunInBoth
+	case config.ModeWorker:
+		return delivery != framework.DeliveryPerInstance && (runIn == framework.RunInWorker || runIn == framework.RunInBoth)
+	default:
+		return true
+	}
+}
+
+// Runtime returns the process's runtime.
+func (a *App) Runtime() *framework.Runtime { return a.rt }
+
+// Registry returns the built registry.
+func (a *App) Registry() *framework.Registry { return a.reg }
+
+// Pool returns the primary pool.
+func (a *App) Pool() *pgxpool.Pool { return a.pool }
+
+// Redis returns the Redis client.
+func (a *App) Redis() *redis.Client { return a.redis }
+
+// Dispatcher returns the process's dispatcher (nil when it runs none).
+func (a *App) Dispatcher() *dispatcher.Dispatcher { return a.disp }
+
+// Web returns the HTTP server (nil in worker mode).
+func (a *App) Web() *web.Server { return a.web }
+
+// Metrics returns the process's Prometheus registry.
+func (a *App) Metrics() *prometheus.Registry { return a.metrics }
+
+// InstanceID returns the process's instance id.
+func (a *App) InstanceID() string { return a.instanceID }
+
+// State returns the lifecycle state.
+func (a *App) State() State { return a.state.Load().(State) }
+
+// onShutdown registers a hook; hooks run in reverse order of registration.
+func (a *App) onShutdown(fn func(context.Context) error) {
+	a.hooksMu.Lock()
+	defer a.hooksMu.Unlock()
+	a.shutdown = append(a.shutdown, fn)
+}
+
+// OnShutdown registers fn to run at shutdown, after the HTTP server and the
+// dispatcher stopped; hooks run in reverse order of registration.
+func (a *App) OnShutdown(fn func(context.Context) error) { a.onShutdown(fn) }
+
+// ErrDrainTimeout is returned by Run when draining took longer than the
+// configured drain timeout.
+var ErrDrainTimeout = errors.New("entrypoint: drain timeout exceeded")
+
+// Run serves until ctx ends, then drains: readiness turns 503 at once,
+// in-flight requests finish, the dispatcher finishes its pass, the pools
+// close. It returns nil on a clean shutdown, ErrDrainTimeout when the drain
+// timeout fired, or the error that stopped the process.
+func (a *App) Run(ctx context.Context) error {
+	ln, err := net.Listen("tcp", a.httpSrv.Addr)
+	if err != nil {
+		return fmt.Errorf("entrypoint: listen %s: %w", a.httpSrv.Addr, err)
+	}
+	return a.Serve(ctx, ln)
+}
+
+// Serve is Run on an existing listener (tests listen on port 0).
+func (a *App) Serve(ctx context.Context, ln net.Listener) error {
+	a.log.Info("process starting", "mode", string(a.mode), "instance_id", a.instanceID, "addr", ln.Addr().String())
+	workCtx, stopWork := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopWork()
+	errc := make(chan error, 2)
+	var wg sync.WaitGroup
+	if a.disp != nil {
+		wg.Go(func() {
+			if err := a.disp.Run(workCtx); err != nil {
+				errc <- fmt.Errorf("dispatcher: %w", err)
+			}
+		})
+	}
+	wg.Go(func() {
+		if err := a.httpSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("http: %w", err)
+		}
+	})
+	a.state.Store(StateReady)
+	a.log.Info("process ready", "mode", string(a.mode), "instance_id", a.instanceID)
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-errc:
+		a.log.Error("process failed", "error", runErr)
+	}
+	a.state.Store(StateDraining)
+	a.log.Info("process draining")
+	drainCtx, cancel := context.WithTimeout(context.Background(), cmp.Or(a.cfg.DrainTimeout, 30*time.Second))
+	defer cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = a.httpSrv.Shutdown(drainCtx)
+		stopWork()
+		wg.Wait()
+		a.hooksMu.Lock()
+		hooks := a.shutdown
+		a.hooksMu.Unlock()
+		for i := len(hooks) - 1; i >= 0; i-- {
+			if err := hooks[i](drainCtx); err != nil {
+				a.log.Warn("shutdown hook failed", "error", err)
+			}
+		}
+	}()
+	select {
+	case <-done:
+	case <-drainCtx.Done():
+		a.log.Error("drain timeout exceeded")
+		a.state.Store(StateStopped)
+		return ErrDrainTimeout
+	}
+	a.state.Store(StateStopped)
+	a.log.Info("process stopped")
+	return runErr
+}
+
+func randomID() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return "kumiko-" + hex.EncodeToString(b)
+}

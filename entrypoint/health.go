@@ -1,0 +1,92 @@
+package entrypoint
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/labstack/echo/v4"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kumiko-go/kumiko/framework/migrate"
+)
+
+// readyBudget bounds the whole readiness answer.
+const readyBudget = 1500 * time.Millisecond
+
+// Check is one readiness check's outcome.
+type Check struct {
+	Name      string `json:"name"`
+	OK        bool   `json:"ok"`
+	LatencyMs int64  `json:"latencyMs"`
+	Error     string `json:"error,omitempty"`
+}
+
+// Readiness is the body of /health/ready.
+type Readiness struct {
+	Status string  `json:"status"`
+	State  State   `json:"state"`
+	Checks []Check `json:"checks"`
+}
+
+// mountHealth adds /health/live, /health/ready and /metrics.
+func (a *App) mountHealth(e *echo.Echo) {
+	e.GET("/health/live", func(c echo.Context) error {
+		return c.JSON(http.StatusOK, map[string]any{"status": "ok", "state": a.State()})
+	})
+	e.GET("/health/ready", func(c echo.Context) error {
+		r := a.Ready(c.Request().Context())
+		code := http.StatusOK
+		if r.Status != "ok" {
+			code = http.StatusServiceUnavailable
+		}
+		return c.JSON(code, r)
+	})
+	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(a.metrics, promhttp.HandlerOpts{})))
+}
+
+// Ready runs the readiness checks concurrently, each bounded, so the answer
+// comes within the 2 s budget.
+func (a *App) Ready(ctx context.Context) Readiness {
+	ctx, cancel := context.WithTimeout(ctx, readyBudget)
+	defer cancel()
+	checks := []struct {
+		name string
+		fn   func(context.Context) error
+	}{
+		{"database", func(ctx context.Context) error { return a.pool.Ping(ctx) }},
+		{"redis", func(ctx context.Context) error { return a.redis.Ping(ctx).Err() }},
+		{"migrations", func(ctx context.Context) error { return migrate.Check(ctx, a.pool, a.migrations) }},
+	}
+	out := make([]Check, len(checks))
+	var wg sync.WaitGroup
+	for i, ch := range checks {
+		wg.Go(func() {
+			start := time.Now()
+			errc := make(chan error, 1)
+			go func() { errc <- ch.fn(ctx) }()
+			var err error
+			select {
+			case err = <-errc:
+			case <-ctx.Done():
+				err = ctx.Err()
+			}
+			out[i] = Check{Name: ch.name, OK: err == nil, LatencyMs: time.Since(start).Milliseconds()}
+			if err != nil {
+				out[i].Error = err.Error()
+			}
+		})
+	}
+	wg.Wait()
+	r := Readiness{Status: "ok", State: a.State(), Checks: out}
+	if r.State != StateReady {
+		r.Status = "unavailable"
+	}
+	for _, c := range out {
+		if !c.OK {
+			r.Status = "unavailable"
+		}
+	}
+	return r
+}

@@ -1,0 +1,15 @@
+// Package features lists the sample features the kumiko binary serves. An
+// application of its own writes the same few lines with its features.
+package features
+
+import (
+	"github.com/kumiko-go/kumiko/features/orders"
+	"github.com/kumiko-go/kumiko/features/users"
+	"github.com/kumiko-go/kumiko/framework"
+)
+
+// Register adds every sample feature to r.
+func Register(r *framework.Registry) {
+	orders.Register(r)
+	users.Register(r)
+}
