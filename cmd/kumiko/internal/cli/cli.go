@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
@@ -40,7 +42,8 @@ func Root(register func(*framework.Registry)) *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(serveCmd(register), migrateCmd(), tokenCmd())
+	root.AddCommand(serveCmd(register), migrateCmd(), tokenCmd(),
+		consumerCmd(register), eventsCmd(register), projectionCmd(register), jobsCmd(register))
 	return root
 }
 
@@ -86,6 +89,29 @@ func toolPool(ctx context.Context) (*pgxpool.Pool, *config.Config, error) {
 	return pool, cfg, nil
 }
 
+// createDatabaseIfMissing creates DATABASE_URL's database when the server
+// answers that it does not exist, so that `make run` works on a fresh
+// server.
+func createDatabaseIfMissing(ctx context.Context, pool *pgxpool.Pool) error {
+	err := pool.Ping(ctx)
+	var pgErr *pgconn.PgError
+	if err == nil || !errors.As(err, &pgErr) || pgErr.Code != "3D000" {
+		return err
+	}
+	cc := pool.Config().ConnConfig.Copy()
+	name := cc.Database
+	cc.Database = "postgres"
+	conn, err := pgx.ConnectConfig(ctx, cc)
+	if err != nil {
+		return fmt.Errorf("create database %s: %w", name, err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return fmt.Errorf("create database %s: %w", name, err)
+	}
+	return nil
+}
+
 func migrateCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:       "migrate [up|status]",
@@ -104,6 +130,9 @@ func migrateCmd() *cobra.Command {
 			defer pool.Close()
 			switch verb {
 			case "up":
+				if err := createDatabaseIfMissing(cmd.Context(), pool); err != nil {
+					return err
+				}
 				n, err := migrate.Up(cmd.Context(), pool, nil, nil)
 				if err != nil {
 					return err
