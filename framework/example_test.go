@@ -224,18 +224,18 @@ func ExampleOn() {
 	fmt.Println(r.Build())
 	_ = mail.Apply(context.Background(), nil, envelope("shop:event:placed", 1, `{"orderId":"o-1","customer":"Ada","cents":1}`))
 
-	// A handle declared in another registry (or the zero handle) is not
-	// declared here: the boot fails.
+	// A handle declared in another registry (here: r), or the zero handle,
+	// is not declared in this one: the boot fails.
 	other := framework.NewRegistry()
-	stray := framework.DefineEvent[shopCancelled](other.Feature("shop"), "cancelled", nil)
-	framework.On(mail, stray, func(context.Context, *framework.Tx, framework.Event[shopCancelled]) error { return nil })
-	framework.On(mail, framework.EventType[shopCancelled]{}, func(context.Context, *framework.Tx, framework.Event[shopCancelled]) error { return nil })
-	fmt.Println(r.Build())
+	audit := framework.MultiStreamProjection(other.Feature("audit"), "trail", nil)
+	framework.On(audit, placed, func(context.Context, *framework.Tx, framework.Event[shopPlaced]) error { return nil })
+	framework.On(audit, framework.EventType[shopCancelled]{}, func(context.Context, *framework.Tx, framework.Event[shopCancelled]) error { return nil })
+	fmt.Println(other.Build())
 	// Output:
 	// <nil>
 	// mail Ada about o-1
-	// kumiko: projection shop:mailer handles undeclared event "shop:event:cancelled"
-	// kumiko: projection shop:mailer handles undeclared event ""
+	// kumiko: projection audit:trail handles undeclared event "shop:event:placed"
+	// kumiko: projection audit:trail handles undeclared event ""
 }
 
 func ExampleMultiStreamProjection() {

@@ -107,6 +107,7 @@ func InlineProjection(f *Feature, name string) *Projection {
 }
 
 func registerProjection(f *Feature, name string, kind ProjectionKind, o ProjectionOptions) *Projection {
+	f.reg.mustBeOpen()
 	if !namePattern.MatchString(name) {
 		f.reg.problem("projection name %q of feature %q is not kebab-case", name, f.name)
 	}
@@ -126,6 +127,7 @@ func registerProjection(f *Feature, name string, kind ProjectionKind, o Projecti
 // that this registry never declared, or a second handler for the same type,
 // is a registration problem.
 func On[T any](p *Projection, ev EventType[T], fn func(ctx context.Context, tx *Tx, e Event[T]) error) {
+	p.reg.mustBeOpen()
 	if ev.def == nil || p.reg.events[ev.def.qualified] != ev.def {
 		p.reg.problem("projection %s handles undeclared event %q", p.name, ev.Name())
 		return

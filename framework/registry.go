@@ -53,6 +53,7 @@ type Feature struct {
 // Feature returns the feature called name (kebab-case), creating it on
 // first use.
 func (r *Registry) Feature(name string) *Feature {
+	r.mustBeOpen()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if f, ok := r.features[name]; ok {
@@ -74,10 +75,21 @@ func (f *Feature) Registry() *Registry { return f.reg }
 
 // qualify builds "<feature>:<kind>:<name>" and records an invalid name.
 func (f *Feature) qualify(kind, name string) string {
+	f.reg.mustBeOpen()
 	if !namePattern.MatchString(name) {
 		f.reg.problem("%s name %q of feature %q is not kebab-case", kind, name, f.name)
 	}
 	return f.name + ":" + kind + ":" + name
+}
+
+// mustBeOpen panics when the registry was already built: a registration
+// then could no longer be reported, and would race with the runtime's reads.
+func (r *Registry) mustBeOpen() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.built {
+		panic("kumiko: registration after Registry.Build")
+	}
 }
 
 func (r *Registry) problem(format string, args ...any) {

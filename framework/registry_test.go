@@ -278,3 +278,26 @@ func TestBuildProblemsArePrefixed(t *testing.T) {
 		require.False(t, errors.Is(p, framework.ErrNotFound))
 	}
 }
+
+// "After Build the registry is read-only": a registration after Build can
+// no longer be reported by Build, and would race with the runtime's
+// lock-free reads (an inline projection added then would silently never
+// run), so it must fail loudly.
+func TestRegistrationAfterBuildPanics(t *testing.T) {
+	t.Parallel()
+	r := framework.NewRegistry()
+	f := r.Feature("shop")
+	placed := framework.DefineEvent[regPayload](f, "placed", nil)
+	p := framework.InlineProjection(f, "totals")
+	require.NoError(t, r.Build())
+
+	const msg = "kumiko: registration after Registry.Build"
+	require.PanicsWithValue(t, msg, func() { r.Feature("late") })
+	require.PanicsWithValue(t, msg, func() { framework.DefineEvent[regPayload](f, "late", nil) })
+	require.PanicsWithValue(t, msg, func() { framework.Write(f, "late", regWrite, nil) })
+	require.PanicsWithValue(t, msg, func() { framework.Query(f, "late", regQuery, nil) })
+	require.PanicsWithValue(t, msg, func() { framework.InlineProjection(f, "late") })
+	require.PanicsWithValue(t, msg, func() { framework.MultiStreamProjection(f, "late", nil) })
+	require.PanicsWithValue(t, msg, func() { framework.On(p, placed, regApply) })
+	require.NoError(t, r.Build(), "Build stays callable")
+}

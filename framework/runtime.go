@@ -172,6 +172,11 @@ func (rt *Runtime) Write(ctx context.Context, call Call, cmds []Command) ([]any,
 					err = defs[i].post(ctx, tx, c.Payload, out)
 				}
 			}
+			if err == nil && len(cmds) > 1 {
+				// Write this command's appends now, so that a version
+				// conflict is attributed to it.
+				_, err = tx.Flush(ctx)
+			}
 			if err != nil {
 				return rt.batchErr(len(cmds), i, err)
 			}
@@ -208,6 +213,12 @@ func (rt *Runtime) needsInline(tx *Tx) bool {
 			if len(rt.inline[e.Type]) > 0 {
 				return true
 			}
+		}
+	}
+	// Events a read flushed early still wait for their projections.
+	for _, env := range tx.flushed {
+		if len(rt.inline[env.Type]) > 0 {
+			return true
 		}
 	}
 	return false

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -134,6 +133,9 @@ func (t *Tx) Append(stream Stream, expectedVersion int64, events ...PendingEvent
 	if len(events) == 0 {
 		return eventstore.ErrEmptyAppend
 	}
+	if expectedVersion < AnyVersion {
+		return fmt.Errorf("kumiko: invalid expected version %d", expectedVersion)
+	}
 	out := make([]eventstore.NewEvent, 0, len(events))
 	for _, e := range events {
 		if e.def == nil || t.reg.events[e.def.qualified] != e.def {
@@ -162,7 +164,6 @@ func (t *Tx) queueFlush(b *pgx.Batch) error {
 	pend := t.pending
 	t.pending = nil
 	slices.SortStableFunc(pend, func(a, b pendingAppend) int { return eventstore.SortStreams(a.stream, b.stream) })
-	now := time.Now()
 	for _, p := range pend {
 		err := eventstore.QueueAppend(b, p.stream, p.expected, p.events, func(res []eventstore.Appended, err error) error {
 			if err != nil {
@@ -173,7 +174,7 @@ func (t *Tx) queueFlush(b *pgx.Batch) error {
 				t.flushed = append(t.flushed, Envelope{
 					Position: a.Position, CommitKey: a.CommitKey, TenantID: p.stream.TenantID,
 					StreamType: p.stream.Type, StreamID: p.stream.ID, Version: a.Version,
-					Type: e.Type, TypeVersion: e.TypeVersion, Payload: e.Payload, Metadata: e.Metadata, CreatedAt: now,
+					Type: e.Type, TypeVersion: e.TypeVersion, Payload: e.Payload, Metadata: e.Metadata, CreatedAt: a.CreatedAt,
 				})
 			}
 			t.written += len(res)

@@ -101,7 +101,9 @@ func (b *rtBundle) requireNothingPersisted(t *testing.T) {
 
 const insertOrderSQL = `INSERT INTO orders (tenant_id, id, customer, amount_cents) VALUES ($1, $2, $3, $4)`
 
-func orderStream(id string) framework.Stream { return framework.Stream{Type: orders.StreamType, ID: id} }
+func orderStream(id string) framework.Stream {
+	return framework.Stream{Type: orders.StreamType, ID: id}
+}
 
 // noted is the payload of the tests' tx-test:event:noted.
 type noted struct {
@@ -641,7 +643,6 @@ func TestInlineProjectionErrorRollsBackWrite(t *testing.T) {
 // Aggregate.Load, FetchForWriting or an explicit Flush) must still reach
 // the inline projections before commit.
 func TestInlineProjectionSeesEventsFlushedByReads(t *testing.T) {
-	t.Skip("core bug: Runtime.needsInline only looks at tx.pending, so events flushed early by ReadStream/FetchForWriting/Flush skip inline projections")
 	t.Parallel()
 	b := newRTBundle(t, func(r *framework.Registry, o *orders.Feature) {
 		f := r.Feature("tx-test")
@@ -857,7 +858,6 @@ func TestBatchIsAllOrNothing(t *testing.T) {
 // A version conflict that surfaces when a batch's buffered appends are
 // written (at commit) must still name the command that caused it.
 func TestBatchConflictAtCommitNamesCommand(t *testing.T) {
-	t.Skip("core bug: a version conflict raised by the commit-time flush of a batch is returned bare, not as *BatchError with the command's index")
 	t.Parallel()
 	b := newRTBundle(t, func(r *framework.Registry, _ *orders.Feature) { registerNote(r, nil) })
 	call := callAs("t1", "alice")

@@ -137,6 +137,7 @@ type Appended struct {
 	Position  int64
 	Version   int64
 	CommitKey uint64
+	CreatedAt time.Time
 }
 
 // ConcurrencyError reports an expected-version mismatch.
@@ -162,7 +163,7 @@ const (
 INSERT INTO events (position, commit_key, tenant_id, stream_type, stream_id, version, type, type_version, payload, metadata)
 SELECT nextval('kumiko_event_position_seq'), g.last_commit_key, $1, $2, $3, g.version - $4 + e.ord, e.type, e.type_version, e.payload, e.metadata
 FROM g, unnest($5::text[], $6::int[], $7::jsonb[], $8::jsonb[]) WITH ORDINALITY AS e(type, type_version, payload, metadata, ord)
-RETURNING position, version, commit_key`
+RETURNING position, version, commit_key, created_at`
 
 	guard = `,
 g AS (
@@ -249,7 +250,7 @@ func scanAppended(rows pgx.Rows, stream StreamRef, expected int64, n int) ([]App
 	out := make([]Appended, 0, n)
 	for rows.Next() {
 		var a Appended
-		if err := rows.Scan(&a.Position, &a.Version, &a.CommitKey); err != nil {
+		if err := rows.Scan(&a.Position, &a.Version, &a.CommitKey, &a.CreatedAt); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("eventstore: scan append: %w", err)
 		}
