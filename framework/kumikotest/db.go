@@ -60,14 +60,29 @@ func NewDBFrom(t testing.TB, fsys fs.FS) *DB {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	db, drop, err := CreateDB(ctx, fsys)
+	if err != nil {
+		t.Fatalf("kumikotest: %v", err)
+	}
+	t.Cleanup(drop)
+	return db
+}
+
+// CreateDB creates a database cloned from the migrated template of fsys
+// (nil: Kumiko's embedded migrations) outside of a test (benchmarks, tools).
+// drop closes the pool and drops the database.
+func CreateDB(ctx context.Context, fsys fs.FS) (db *DB, drop func(), err error) {
+	if fsys == nil {
+		fsys = migrations.FS
+	}
 	tmpl, err := ensureTemplate(ctx, fsys)
 	if err != nil {
-		t.Fatalf("kumikotest: template: %v", err)
+		return nil, nil, fmt.Errorf("template: %w", err)
 	}
 	name := "kumiko_t_" + randomHex(8)
 	admin, err := pgx.Connect(ctx, AdminURL())
 	if err != nil {
-		t.Fatalf("kumikotest: connect admin: %v", err)
+		return nil, nil, fmt.Errorf("connect admin: %w", err)
 	}
 	defer admin.Close(ctx)
 	// CREATE DATABASE ... TEMPLATE fails while another session touches the
@@ -80,19 +95,18 @@ func NewDBFrom(t testing.TB, fsys fs.FS) *DB {
 		time.Sleep(100 * time.Millisecond)
 	}
 	if err != nil {
-		t.Fatalf("kumikotest: create database: %v", err)
+		return nil, nil, fmt.Errorf("create database: %w", err)
 	}
 	dbURL := WithDatabase(AdminURL(), name)
 	pool, err := pgxpool.New(ctx, dbURL)
 	if err != nil {
-		t.Fatalf("kumikotest: pool: %v", err)
+		dropDatabase(name)
+		return nil, nil, fmt.Errorf("pool: %w", err)
 	}
-	db := &DB{Name: name, URL: dbURL, Pool: pool}
-	t.Cleanup(func() {
+	return &DB{Name: name, URL: dbURL, Pool: pool}, func() {
 		pool.Close()
 		dropDatabase(name)
-	})
-	return db
+	}, nil
 }
 
 // dropDatabase removes a test database, disconnecting whoever is left.
