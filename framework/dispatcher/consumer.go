@@ -29,12 +29,29 @@ type Consumer struct {
 	SkipApplyErrors bool
 	// MaxAttempts before the consumer turns dead. Defaults to 10.
 	MaxAttempts int
+	// Transient classifies an Apply error as transient (a dependency such
+	// as Redis is unreachable): the event is retried with backoff, but the
+	// failure does not count toward MaxAttempts and is never dead-lettered
+	// (not even with SkipApplyErrors), so the consumer never turns dead for
+	// it; the cursor waits until the error clears. Defaults to nil (no
+	// error is transient).
+	Transient func(error) bool
 	// BatchSize is the number of events per pass. Defaults to the
 	// dispatcher's batch size.
 	BatchSize int
 	// StartAtHead registers a new state row at the current end of the log
 	// instead of its start (for live-only consumers such as SSE).
 	StartAtHead bool
+	// SearchPath, when set, is applied to every pass transaction with
+	// set_config('search_path', SearchPath, true) before the handlers run
+	// (a projection rebuild points unqualified table names at its shadow
+	// schema this way). Defaults to the connection's search_path.
+	SearchPath string
+	// BeforeCommit, when set, runs in the pass transaction after the
+	// handlers of a non-empty batch and before the cursor advance; an error
+	// rolls the whole pass back and is returned by the pass (no retry
+	// accounting, no dead letter). Defaults to nil.
+	BeforeCommit func(ctx context.Context, db framework.DB) error
 }
 
 // FromProjection turns a registered multi-stream projection into a Consumer.

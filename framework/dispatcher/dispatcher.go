@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -88,6 +89,9 @@ type consumerRun struct {
 	instance string
 	wake     chan struct{}
 	lockKey  string
+	// transientStreak counts consecutive transient failures (the backoff
+	// exponent for errors that do not count as attempts).
+	transientStreak atomic.Int32
 }
 
 // New validates the consumers and returns a dispatcher. It fails on the
@@ -359,6 +363,9 @@ type consumerState struct {
 func (d *Dispatcher) begin(ctx context.Context, conn *pgx.Conn, c *consumerRun, limit int) (locked bool, st consumerState, recs []eventstore.Record, invisible bool, err error) {
 	b := &pgx.Batch{}
 	b.Queue(`BEGIN`)
+	if c.SearchPath != "" {
+		b.Queue(`SELECT set_config('search_path', $1, true)`, c.SearchPath)
+	}
 	b.Queue(lockSQL, c.lockKey).QueryRow(func(r pgx.Row) error { return r.Scan(&locked) })
 	found := false
 	b.Queue(stateSQL, c.Name, c.instance).Query(func(rows pgx.Rows) error {
@@ -373,8 +380,10 @@ func (d *Dispatcher) begin(ctx context.Context, conn *pgx.Conn, c *consumerRun, 
 	b.Queue(batchSQL, c.Name, c.instance, limit).Query(func(rows pgx.Rows) error {
 		for rows.Next() {
 			var r eventstore.Record
+			// The payload as *[]byte: pgx copies it, where a
+			// *json.RawMessage would go through json.Unmarshal.
 			if err := rows.Scan(&r.Position, &r.CommitKey, &r.TenantID, &r.StreamType, &r.StreamID, &r.Version,
-				&r.Type, &r.TypeVersion, &r.Payload, &r.Metadata, &r.CreatedAt); err != nil {
+				&r.Type, &r.TypeVersion, (*[]byte)(&r.Payload), &r.Metadata, &r.CreatedAt); err != nil {
 				return err
 			}
 			recs = append(recs, r)
@@ -460,23 +469,22 @@ func (d *Dispatcher) attempt(ctx context.Context, conn *pgx.Conn, c *consumerRun
 		}
 		apply = recs[:f.index]
 	}
-	scope := tenancy.SystemTenantID
+	// The transaction is switched to an event's tenant when its handler
+	// sends the first statement (see scopedConn).
+	sc := &scopedConn{conn: conn, applied: tenancy.SystemTenantID}
 	written := 0
 	for i, env := range apply {
-		want := tenancy.SystemTenantID
+		sc.want = tenancy.SystemTenantID
 		if !c.System {
-			want = env.TenantID
+			sc.want = env.TenantID
 		}
-		if want != scope {
-			if err := tenancy.Switch(ctx, conn, want); err != nil {
-				return res, -1, nil, err
-			}
-			scope = want
-		}
-		tx := framework.NewEventTx(conn, d.reg, env)
+		tx := framework.NewEventTx(sc, d.reg, env)
 		aerr := c.Apply(ctx, tx, env)
 		if aerr == nil && tx.HasPending() {
 			_, aerr = tx.Flush(ctx)
+		}
+		if sc.err != nil {
+			return res, -1, nil, sc.err
 		}
 		if aerr != nil {
 			if f != nil {
@@ -487,18 +495,24 @@ func (d *Dispatcher) attempt(ctx context.Context, conn *pgx.Conn, c *consumerRun
 		}
 		written += tx.Written()
 	}
+	if c.BeforeCommit != nil && len(apply) > 0 {
+		if err := c.BeforeCommit(ctx, sc); err != nil {
+			return res, -1, nil, fmt.Errorf("before commit: %w", err)
+		}
+	}
 	b := &pgx.Batch{}
-	if scope != tenancy.SystemTenantID {
+	if sc.applied != tenancy.SystemTenantID {
 		tenancy.QueueScope(b, tenancy.SystemTenantID)
 	}
 	cur := eventstore.Cursor{}
 	if len(apply) > 0 {
 		cur = apply[len(apply)-1].Cursor()
 	}
+	transient := f != nil && c.Transient != nil && c.Transient(f.err)
 	switch {
 	case f == nil:
 		b.Queue(advanceSQL, c.Name, c.instance, cur.CommitKey, cur.Position, len(apply))
-	case c.SkipApplyErrors:
+	case c.SkipApplyErrors && !transient:
 		bad := recs[f.index]
 		b.Queue(deadLetterSQL, c.Name, c.instance, bad.Position, bad.Type, bad.TenantID, f.err.Error())
 		cur = bad.Cursor()
@@ -509,8 +523,15 @@ func (d *Dispatcher) attempt(ctx context.Context, conn *pgx.Conn, c *consumerRun
 		if st.failedPosition != nil && *st.failedPosition == bad.Position {
 			attempts = st.attempts + 1
 		}
-		dead := attempts >= c.MaxAttempts
-		delay := d.backoff(attempts)
+		backoffN := attempts
+		if transient {
+			// A transient failure is retried but not counted: the consumer
+			// never turns dead for it.
+			attempts--
+			backoffN = int(c.transientStreak.Add(1))
+		}
+		dead := !transient && attempts >= c.MaxAttempts
+		delay := d.backoff(backoffN)
 		res.retryAt = time.Now().Add(delay)
 		if len(apply) == 0 {
 			// The cursor stays where it is.
@@ -531,9 +552,12 @@ WHERE name = $1 AND instance_id = $2`, c.Name, c.instance, attempts, bad.Positio
 		return res, -1, nil, fmt.Errorf("commit pass: %w", err)
 	}
 	committed = true
+	if f == nil {
+		c.transientStreak.Store(0)
+	}
 	res.delivered = len(apply)
 	res.full = f == nil && len(recs) >= limit
-	if f != nil && c.SkipApplyErrors {
+	if f != nil && c.SkipApplyErrors && !transient {
 		res.full = true // move on at once
 	}
 	d.metrics.processed.WithLabelValues(c.Name, c.instance).Add(float64(len(apply)))

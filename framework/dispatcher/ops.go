@@ -1,0 +1,590 @@
+package dispatcher
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kumiko-go/kumiko/framework/eventstore"
+)
+
+// State is a consumer's state as operators see it.
+type State string
+
+// The consumer states. Idle, dead and disabled are stored; processing is
+// derived: an idle consumer whose pass holds its advisory lock right now.
+const (
+	// StateIdle: ready, the next pass delivers new events.
+	StateIdle State = "idle"
+	// StateProcessing: a pass is running (it holds the consumer's lock).
+	StateProcessing State = "processing"
+	// StateDead: the same event failed MaxAttempts times; delivery is paused
+	// until [Restart], [Skip] or [Rewind] (or an automatic revival).
+	StateDead State = "dead"
+	// StateDisabled: an operator parked the consumer; paused until [Enable].
+	StateDisabled State = "disabled"
+)
+
+// OpsLockTimeout bounds how long an ops verb waits for a running pass of
+// the consumer to finish; after it the verb fails with [ErrConsumerBusy].
+const OpsLockTimeout = 30 * time.Second
+
+// StatusDeadLetters is how many of the newest dead letters [Status] returns.
+const StatusDeadLetters = 10
+
+// ErrConsumerNotFound is returned (wrapped) when no state row exists for the
+// consumer name and instance id.
+var ErrConsumerNotFound = errors.New("dispatcher: consumer not found")
+
+// ErrNothingToSkip is returned (wrapped) by [Skip] when the consumer has no
+// recorded failing event and no visible event of its types after its cursor.
+var ErrNothingToSkip = errors.New("dispatcher: nothing to skip")
+
+// ErrEventNotFound is returned (wrapped) by [Rewind] when no event has the
+// target position, or no event was created at or after the target time.
+var ErrEventNotFound = errors.New("dispatcher: no such event")
+
+// ErrRewindForward is returned (wrapped) by [Rewind] when the target lies
+// after the consumer's cursor: moving forward would drop events silently
+// (use [Skip] to move past one event).
+var ErrRewindForward = errors.New("dispatcher: rewind target is after the cursor")
+
+// ErrConsumerBusy is returned (wrapped) when a pass of the consumer held its
+// lock for longer than [OpsLockTimeout].
+var ErrConsumerBusy = errors.New("dispatcher: consumer is busy")
+
+// ErrInstanceAlive is returned (wrapped) by [RemoveInstance] when the
+// instance's rows had a heartbeat within [RemoveInstanceMinSilence].
+var ErrInstanceAlive = errors.New("dispatcher: instance is alive")
+
+// StateError is an ops verb's refusal of the consumer's current state, e.g.
+// restarting a consumer that is not dead.
+type StateError struct {
+	// Name is the consumer's name.
+	Name string
+	// Instance is the state row's instance id.
+	Instance string
+	// Verb is the refused verb ("restart", "enable", ...).
+	Verb string
+	// Status is the consumer's current state.
+	Status State
+	// Want names the state(s) the verb needs, e.g. "dead".
+	Want string
+}
+
+// Error says what the state is and what the verb needs, e.g. "consumer
+// orders:order-totals is idle; restart needs dead".
+func (e *StateError) Error() string {
+	return fmt.Sprintf("consumer %s is %s; %s needs %s", label(e.Name, e.Instance), e.Status, e.Verb, e.Want)
+}
+
+// opError is a refusal with a readable message that matches a sentinel.
+type opError struct {
+	msg  string
+	kind error
+}
+
+func (e *opError) Error() string { return e.msg }
+func (e *opError) Unwrap() error { return e.kind }
+
+// label names a state row for messages: the name alone for shared
+// consumers, with the instance id otherwise.
+func label(name, instance string) string {
+	if instance == SharedInstance || instance == "" {
+		return name
+	}
+	return name + " (instance " + instance + ")"
+}
+
+// ConsumerStatus is one consumer state row (name, instance id) as operators
+// see it.
+type ConsumerStatus struct {
+	// Name is the consumer's name.
+	Name string `json:"name"`
+	// InstanceID is [SharedInstance] for shared delivery, else the process's
+	// instance id.
+	InstanceID string `json:"instanceId"`
+	// Status is idle, processing, dead or disabled.
+	Status State `json:"status"`
+	// EventTypes the consumer reads; nil means every type.
+	EventTypes []string `json:"eventTypes"`
+	// Cursor is the place of the last event the consumer moved past.
+	Cursor eventstore.Cursor `json:"-"`
+	// Lag counts the events of the consumer's types after its cursor,
+	// including those not yet visible.
+	Lag int64 `json:"lag"`
+	// Attempts is how often the failing event has failed in a row.
+	Attempts int `json:"attempts"`
+	// FailedPosition is the position of the failing event, if any.
+	FailedPosition *int64 `json:"failedPosition,omitempty"`
+	// LastError is the failing event's last error, if any.
+	LastError string `json:"lastError,omitempty"`
+	// NextAttemptAt is when the failing event is retried, if any.
+	NextAttemptAt *time.Time `json:"nextAttemptAt,omitempty"`
+	// DeadSince is when the consumer turned dead, if it is dead.
+	DeadSince *time.Time `json:"deadSince,omitempty"`
+	// Revivals counts automatic revivals since the last successful delivery.
+	Revivals int `json:"revivals"`
+	// EventsProcessed counts the events delivered over the row's life.
+	EventsProcessed int64 `json:"eventsProcessed"`
+	// HeartbeatAt is the last heartbeat (per-instance rows) or registration.
+	HeartbeatAt time.Time `json:"heartbeatAt"`
+	// HeartbeatAge is how long ago HeartbeatAt was, by the database's clock.
+	HeartbeatAge time.Duration `json:"-"`
+	// UpdatedAt is the state row's last change.
+	UpdatedAt time.Time `json:"updatedAt"`
+	// DeadLetters are the newest dead letters, newest first; only [Status]
+	// fills them.
+	DeadLetters []DeadLetter `json:"deadLetters,omitempty"`
+}
+
+// MarshalJSON renders the cursor as its string form ("cursor") and its
+// position ("cursorPosition"), and the heartbeat age in seconds
+// ("heartbeatAgeSeconds").
+func (s ConsumerStatus) MarshalJSON() ([]byte, error) {
+	type plain ConsumerStatus
+	return json.Marshal(struct {
+		plain
+		Cursor              string  `json:"cursor"`
+		CursorPosition      int64   `json:"cursorPosition"`
+		HeartbeatAgeSeconds float64 `json:"heartbeatAgeSeconds"`
+	}{plain(s), s.Cursor.String(), s.Cursor.Position, s.HeartbeatAge.Seconds()})
+}
+
+// DeadLetter is an event a consumer moved past without delivering it
+// (SkipApplyErrors, or an operator's [Skip]).
+type DeadLetter struct {
+	// ID is the dead letter's id.
+	ID int64 `json:"id"`
+	// Position is the event's position.
+	Position int64 `json:"position"`
+	// EventType is the event's type.
+	EventType string `json:"eventType"`
+	// TenantID is the event's tenant.
+	TenantID string `json:"tenantId"`
+	// Error is the handler's error, or "skipped by operator" (followed by
+	// the last handler error, if one was recorded).
+	Error string `json:"error"`
+	// CreatedAt is when the event was moved past.
+	CreatedAt time.Time `json:"createdAt"`
+}
+
+// statusSQL reads state rows with the derived processing flag (a granted
+// advisory lock on the row's key, the pass's lock) and the lag.
+const statusSQL = `WITH held AS (
+  SELECT (l.classid::int8 << 32) | l.objid::int8 AS key FROM pg_locks l
+  WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
+    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()))
+SELECT c.name, c.instance_id, c.status, c.event_types, c.cursor_commit_key, c.cursor_position,
+  c.attempts, c.failed_position, coalesce(c.last_error, ''), c.next_attempt_at, c.dead_at, c.revivals,
+  c.events_processed, c.heartbeat_at, extract(epoch FROM now() - c.heartbeat_at)::float8, c.updated_at,
+  hashtextextended(c.name || chr(31) || c.instance_id, 0) IN (SELECT key FROM held),
+  (SELECT count(*) FROM events e
+    WHERE (e.commit_key, e.position) > (c.cursor_commit_key, c.cursor_position)
+      AND (c.event_types IS NULL OR e.type = ANY(c.event_types)))
+FROM event_consumers c
+WHERE ($1::text IS NULL OR (c.name = $1 AND c.instance_id = $2))
+ORDER BY c.name, c.instance_id`
+
+const deadLettersSQL = `SELECT id, position, event_type, tenant_id, error, created_at
+FROM event_dead_letters WHERE consumer = $1 AND instance_id = $2
+ORDER BY id DESC LIMIT $3`
+
+// List returns every consumer state row (one per name and instance id),
+// ordered by name and instance id.
+func List(ctx context.Context, pool *pgxpool.Pool) ([]ConsumerStatus, error) {
+	out, err := queryStatus(ctx, pool, nil, "")
+	if err != nil {
+		return nil, fmt.Errorf("dispatcher: list consumers: %w", err)
+	}
+	return out, nil
+}
+
+// Status returns one consumer's state row with its newest
+// [StatusDeadLetters] dead letters. An empty instance means
+// [SharedInstance]. It returns [ErrConsumerNotFound] (wrapped) when the row
+// does not exist.
+func Status(ctx context.Context, pool *pgxpool.Pool, name, instance string) (ConsumerStatus, error) {
+	instance = cmp.Or(instance, SharedInstance)
+	rows, err := queryStatus(ctx, pool, &name, instance)
+	if err != nil {
+		return ConsumerStatus{}, fmt.Errorf("dispatcher: consumer status: %w", err)
+	}
+	if len(rows) == 0 {
+		return ConsumerStatus{}, notFound(name, instance)
+	}
+	st := rows[0]
+	dl, err := pool.Query(ctx, deadLettersSQL, name, instance, StatusDeadLetters)
+	if err != nil {
+		return ConsumerStatus{}, fmt.Errorf("dispatcher: consumer status: dead letters: %w", err)
+	}
+	st.DeadLetters, err = pgx.CollectRows(dl, func(r pgx.CollectableRow) (DeadLetter, error) {
+		var d DeadLetter
+		err := r.Scan(&d.ID, &d.Position, &d.EventType, &d.TenantID, &d.Error, &d.CreatedAt)
+		return d, err
+	})
+	if err != nil {
+		return ConsumerStatus{}, fmt.Errorf("dispatcher: consumer status: dead letters: %w", err)
+	}
+	return st, nil
+}
+
+func queryStatus(ctx context.Context, pool *pgxpool.Pool, name *string, instance string) ([]ConsumerStatus, error) {
+	rows, err := pool.Query(ctx, statusSQL, name, instance)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (ConsumerStatus, error) {
+		var s ConsumerStatus
+		var status string
+		var ageSecs float64
+		var processing bool
+		err := r.Scan(&s.Name, &s.InstanceID, &status, &s.EventTypes, &s.Cursor.CommitKey, &s.Cursor.Position,
+			&s.Attempts, &s.FailedPosition, &s.LastError, &s.NextAttemptAt, &s.DeadSince, &s.Revivals,
+			&s.EventsProcessed, &s.HeartbeatAt, &ageSecs, &s.UpdatedAt, &processing, &s.Lag)
+		s.Status = State(status)
+		if processing && s.Status == StateIdle {
+			s.Status = StateProcessing
+		}
+		s.HeartbeatAge = time.Duration(ageSecs * float64(time.Second))
+		return s, err
+	})
+}
+
+func notFound(name, instance string) error {
+	return &opError{msg: fmt.Sprintf("consumer %s not found", label(name, instance)), kind: ErrConsumerNotFound}
+}
+
+// opRow is the part of a state row the verbs decide on.
+type opRow struct {
+	name, instance string
+	status         State
+	cursor         eventstore.Cursor
+	eventTypes     []string
+	failedPosition *int64
+	lastError      *string
+}
+
+const (
+	opsLockSQL = `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`
+	opsRowSQL  = `SELECT status, cursor_commit_key, cursor_position, event_types, failed_position, last_error
+FROM event_consumers WHERE name = $1 AND instance_id = $2 FOR UPDATE`
+)
+
+// withConsumer runs fn in a transaction that holds the consumer's advisory
+// lock (the lock a pass takes, so no pass runs meanwhile and none can
+// overwrite the change) and the state row's row lock, and commits when fn
+// returns nil.
+func withConsumer(ctx context.Context, pool *pgxpool.Pool, verb, name, instance string, fn func(tx pgx.Tx, row opRow) error) error {
+	instance = cmp.Or(instance, SharedInstance)
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, OpsLockTimeout.Milliseconds())); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, opsLockSQL, name+"\x1f"+instance); err != nil {
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
+				return &opError{msg: fmt.Sprintf("consumer %s is still processing a pass after %s; try again", label(name, instance), OpsLockTimeout), kind: ErrConsumerBusy}
+			}
+			return err
+		}
+		row := opRow{name: name, instance: instance}
+		var status string
+		err := tx.QueryRow(ctx, opsRowSQL, name, instance).Scan(&status, &row.cursor.CommitKey, &row.cursor.Position,
+			&row.eventTypes, &row.failedPosition, &row.lastError)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return notFound(name, instance)
+		}
+		if err != nil {
+			return err
+		}
+		row.status = State(status)
+		return fn(tx, row)
+	})
+	if err != nil {
+		var oe *opError
+		var se *StateError
+		if errors.As(err, &oe) || errors.As(err, &se) {
+			return err
+		}
+		return fmt.Errorf("dispatcher: %s %s: %w", verb, label(name, instance), err)
+	}
+	return nil
+}
+
+// Restart turns a dead consumer idle with its cursor unchanged and its
+// attempts reset, so the next pass retries the failing event (with a fresh
+// MaxAttempts budget and automatic-revival budget). An empty instance means
+// [SharedInstance]. It refuses every state but dead with a *[StateError],
+// and returns [ErrConsumerNotFound] (wrapped) for an unknown consumer.
+func Restart(ctx context.Context, pool *pgxpool.Pool, name, instance string) error {
+	return withConsumer(ctx, pool, "restart", name, instance, func(tx pgx.Tx, row opRow) error {
+		if row.status != StateDead {
+			return &StateError{Name: name, Instance: row.instance, Verb: "restart", Status: row.status, Want: "dead"}
+		}
+		_, err := tx.Exec(ctx, `UPDATE event_consumers SET status = 'idle', attempts = 0, next_attempt_at = NULL,
+  dead_at = NULL, revivals = 0, updated_at = now()
+WHERE name = $1 AND instance_id = $2`, name, row.instance)
+		return err
+	})
+}
+
+// Disable parks an idle or dead consumer: no pass delivers to it until
+// [Enable]. Its cursor and failure record stay as they are. An empty
+// instance means [SharedInstance]. It refuses a disabled consumer with a
+// *[StateError], and returns [ErrConsumerNotFound] (wrapped) for an unknown
+// consumer.
+func Disable(ctx context.Context, pool *pgxpool.Pool, name, instance string) error {
+	return withConsumer(ctx, pool, "disable", name, instance, func(tx pgx.Tx, row opRow) error {
+		if row.status == StateDisabled {
+			return &StateError{Name: name, Instance: row.instance, Verb: "disable", Status: row.status, Want: "idle or dead"}
+		}
+		_, err := tx.Exec(ctx, `UPDATE event_consumers SET status = 'disabled', updated_at = now()
+WHERE name = $1 AND instance_id = $2`, name, row.instance)
+		return err
+	})
+}
+
+// Enable turns a disabled consumer idle; the next pass resumes at its
+// cursor. Attempts are kept: a consumer disabled while dead retries its
+// failing event once and turns dead again if it still fails. An empty
+// instance means [SharedInstance]. It refuses every state but disabled with
+// a *[StateError], and returns [ErrConsumerNotFound] (wrapped) for an
+// unknown consumer.
+func Enable(ctx context.Context, pool *pgxpool.Pool, name, instance string) error {
+	return withConsumer(ctx, pool, "enable", name, instance, func(tx pgx.Tx, row opRow) error {
+		if row.status != StateDisabled {
+			return &StateError{Name: name, Instance: row.instance, Verb: "enable", Status: row.status, Want: "disabled"}
+		}
+		_, err := tx.Exec(ctx, `UPDATE event_consumers SET status = 'idle', next_attempt_at = NULL, dead_at = NULL, updated_at = now()
+WHERE name = $1 AND instance_id = $2`, name, row.instance)
+		return err
+	})
+}
+
+const (
+	skipFailedSQL = `SELECT position, commit_key, type, tenant_id FROM events
+WHERE position = $1 AND (commit_key, position) > ($2::xid8, $3::bigint)`
+	skipNextSQL = `SELECT position, commit_key, type, tenant_id FROM events
+WHERE (commit_key, position) > ($1::xid8, $2::bigint)
+  AND commit_key < pg_snapshot_xmin(pg_current_snapshot())
+  AND ($3::text[] IS NULL OR type = ANY($3))
+ORDER BY commit_key, position LIMIT 1`
+	skipDeadLetterSQL = `INSERT INTO event_dead_letters (consumer, instance_id, position, event_type, tenant_id, error)
+VALUES ($1, $2, $3, $4, $5, $6) RETURNING id, created_at`
+	skipUpdateSQL = `UPDATE event_consumers SET cursor_commit_key = $3, cursor_position = $4,
+  status = CASE WHEN status = 'dead' THEN 'idle' ELSE status END,
+  attempts = 0, failed_position = NULL, last_error = NULL, next_attempt_at = NULL,
+  dead_at = NULL, revivals = 0, updated_at = now()
+WHERE name = $1 AND instance_id = $2`
+)
+
+// SkippedByOperator starts the error of a dead letter written by [Skip].
+const SkippedByOperator = "skipped by operator"
+
+// Skip moves the consumer's cursor past its poison event and records that
+// event in event_dead_letters with the error "skipped by operator" (plus the
+// last handler error, if one was recorded). The poison event is the
+// recorded failing event (failed position) when it lies after the cursor,
+// else the next visible event of the consumer's types after the cursor.
+// Attempts and the failure record are reset; a dead consumer turns idle, a
+// disabled one stays disabled. An empty instance means [SharedInstance].
+// It returns the dead letter; [ErrNothingToSkip] (wrapped) when there is no
+// such event; [ErrConsumerNotFound] (wrapped) for an unknown consumer.
+func Skip(ctx context.Context, pool *pgxpool.Pool, name, instance string) (DeadLetter, error) {
+	var dl DeadLetter
+	err := withConsumer(ctx, pool, "skip", name, instance, func(tx pgx.Tx, row opRow) error {
+		var ck uint64
+		found := false
+		if row.failedPosition != nil {
+			err := tx.QueryRow(ctx, skipFailedSQL, *row.failedPosition, row.cursor.CommitKey, row.cursor.Position).
+				Scan(&dl.Position, &ck, &dl.EventType, &dl.TenantID)
+			if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+				return err
+			}
+			found = err == nil
+		}
+		if !found {
+			err := tx.QueryRow(ctx, skipNextSQL, row.cursor.CommitKey, row.cursor.Position, row.eventTypes).
+				Scan(&dl.Position, &ck, &dl.EventType, &dl.TenantID)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return &opError{msg: fmt.Sprintf("consumer %s has no failing event and no event after its cursor %s to skip", label(name, row.instance), row.cursor), kind: ErrNothingToSkip}
+			}
+			if err != nil {
+				return err
+			}
+		}
+		dl.Error = SkippedByOperator
+		if row.lastError != nil && *row.lastError != "" {
+			dl.Error += ": " + *row.lastError
+		}
+		if err := tx.QueryRow(ctx, skipDeadLetterSQL, name, row.instance, dl.Position, dl.EventType, dl.TenantID, dl.Error).
+			Scan(&dl.ID, &dl.CreatedAt); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, skipUpdateSQL, name, row.instance, ck, dl.Position)
+		return err
+	})
+	if err != nil {
+		return DeadLetter{}, err
+	}
+	return dl, nil
+}
+
+// RewindTo is the target of [Rewind]. Set Position or Time, not both; the
+// zero value rewinds to the start of the log.
+type RewindTo struct {
+	// Position replays from the event with this position on: the cursor is
+	// set just before that event in delivery order (commit key, position),
+	// so every event after it in that order is delivered again. Zero means
+	// the start of the log.
+	Position int64
+	// Time replays every event created at or after it: the cursor is set
+	// just before the first such event in delivery order. Events created
+	// before Time that committed after that event are delivered again too
+	// (delivery order is commit order, not creation order).
+	Time time.Time
+}
+
+// RewindResult is the cursor move of a [Rewind].
+type RewindResult struct {
+	// From is the cursor before the rewind.
+	From eventstore.Cursor
+	// To is the cursor after it.
+	To eventstore.Cursor
+}
+
+const (
+	rewindPositionSQL = `SELECT commit_key FROM events WHERE position = $1`
+	rewindTimeSQL     = `SELECT commit_key, position FROM events WHERE created_at >= $1
+ORDER BY commit_key, position LIMIT 1`
+	rewindBetweenSQL = `SELECT EXISTS (SELECT 1 FROM events
+  WHERE (commit_key, position) > ($1::xid8, $2::bigint) AND (commit_key, position) <= ($3::xid8, $4::bigint))`
+	rewindUpdateSQL = `UPDATE event_consumers SET cursor_commit_key = $3, cursor_position = $4,
+  status = CASE WHEN status = 'dead' THEN 'idle' ELSE status END,
+  attempts = 0, failed_position = NULL, last_error = NULL, next_attempt_at = NULL,
+  dead_at = NULL, revivals = 0, updated_at = now()
+WHERE name = $1 AND instance_id = $2`
+)
+
+// Rewind sets the consumer's cursor back so that it delivers events again
+// from the target on (see [RewindTo]). It runs under the consumer's lock,
+// so it waits for a running pass, and no pass can overwrite the cursor.
+// A dead consumer turns idle with its failure record cleared; a disabled
+// one stays disabled. A target that no event separates from the cursor
+// (the current cursor, or the first event for a consumer at the start)
+// leaves the cursor where it is. An empty instance means [SharedInstance]. It returns
+// [ErrEventNotFound] (wrapped) when no event has the position or none was
+// created at or after the time; [ErrRewindForward] (wrapped) when the
+// target lies after the cursor; [ErrConsumerNotFound] (wrapped) for an
+// unknown consumer; an error when both Position and Time are set or
+// Position is negative.
+func Rewind(ctx context.Context, pool *pgxpool.Pool, name, instance string, to RewindTo) (RewindResult, error) {
+	if to.Position != 0 && !to.Time.IsZero() {
+		return RewindResult{}, errors.New("dispatcher: rewind: set a position or a time, not both")
+	}
+	if to.Position < 0 {
+		return RewindResult{}, fmt.Errorf("dispatcher: rewind: position %d is negative", to.Position)
+	}
+	var res RewindResult
+	err := withConsumer(ctx, pool, "rewind", name, instance, func(tx pgx.Tx, row opRow) error {
+		res.From = row.cursor
+		var target eventstore.Cursor
+		switch {
+		case !to.Time.IsZero():
+			err := tx.QueryRow(ctx, rewindTimeSQL, to.Time).Scan(&target.CommitKey, &target.Position)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return &opError{msg: fmt.Sprintf("no event was created at or after %s", to.Time.Format(time.RFC3339Nano)), kind: ErrEventNotFound}
+			}
+			if err != nil {
+				return err
+			}
+			target.Position--
+		case to.Position > 0:
+			err := tx.QueryRow(ctx, rewindPositionSQL, to.Position).Scan(&target.CommitKey)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return &opError{msg: fmt.Sprintf("no event has position %d", to.Position), kind: ErrEventNotFound}
+			}
+			if err != nil {
+				return err
+			}
+			target.Position = to.Position - 1
+		}
+		if row.cursor.Less(target) {
+			// Nothing lies between the cursor and the target (e.g. a
+			// consumer at the start rewound to the first event): the cursor
+			// is already there, and stays.
+			var between bool
+			if err := tx.QueryRow(ctx, rewindBetweenSQL, row.cursor.CommitKey, row.cursor.Position, target.CommitKey, target.Position).Scan(&between); err != nil {
+				return err
+			}
+			if !between {
+				target = row.cursor
+			}
+		}
+		if row.cursor.Less(target) {
+			return &opError{msg: fmt.Sprintf("consumer %s is at cursor %s, before the rewind target %s; rewind only moves back (skip moves past one event)",
+				label(name, row.instance), row.cursor, target), kind: ErrRewindForward}
+		}
+		res.To = target
+		_, err := tx.Exec(ctx, rewindUpdateSQL, name, row.instance, target.CommitKey, target.Position)
+		return err
+	})
+	if err != nil {
+		return RewindResult{}, err
+	}
+	return res, nil
+}
+
+// RemoveInstanceMinSilence is how long an instance's rows must have gone
+// without a heartbeat before [RemoveInstance] removes them (a live process
+// beats every HeartbeatInterval, 10s by default).
+const RemoveInstanceMinSilence = time.Minute
+
+// RemoveInstance deletes the per-instance state rows of a decommissioned
+// process at once, instead of waiting for the dispatchers' automatic
+// removal (StaleInstanceAfter, 10 minutes by default), so they neither pin
+// retention nor show false lag. It returns how many rows it removed. It
+// refuses [SharedInstance] and an empty id with an error, an instance
+// without rows with [ErrConsumerNotFound] (wrapped), and an instance whose
+// rows beat within [RemoveInstanceMinSilence] with [ErrInstanceAlive]
+// (wrapped).
+func RemoveInstance(ctx context.Context, pool *pgxpool.Pool, instance string) (int, error) {
+	if instance == "" || instance == SharedInstance {
+		return 0, fmt.Errorf("dispatcher: remove instance: %q is not a per-instance id", instance)
+	}
+	var removed int
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var n int
+		var age float64
+		if err := tx.QueryRow(ctx, `SELECT count(*), coalesce(extract(epoch FROM now() - max(heartbeat_at)), 0)::float8
+FROM (SELECT heartbeat_at FROM event_consumers WHERE instance_id = $1 FOR UPDATE) r`, instance).Scan(&n, &age); err != nil {
+			return err
+		}
+		if n == 0 {
+			return &opError{msg: fmt.Sprintf("no consumer rows of instance %s", instance), kind: ErrConsumerNotFound}
+		}
+		if ageDur := time.Duration(age * float64(time.Second)); ageDur < RemoveInstanceMinSilence {
+			return &opError{msg: fmt.Sprintf("instance %s had a heartbeat %s ago; it looks alive (rows are removable after %s of silence)",
+				instance, ageDur.Round(time.Second), RemoveInstanceMinSilence), kind: ErrInstanceAlive}
+		}
+		tag, err := tx.Exec(ctx, `DELETE FROM event_consumers WHERE instance_id = $1`, instance)
+		removed = int(tag.RowsAffected())
+		return err
+	})
+	if err != nil {
+		var oe *opError
+		if errors.As(err, &oe) {
+			return 0, err
+		}
+		return 0, fmt.Errorf("dispatcher: remove instance %s: %w", instance, err)
+	}
+	return removed, nil
+}

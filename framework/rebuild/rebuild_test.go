@@ -1,0 +1,582 @@
+package rebuild_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kumiko-go/kumiko/features/orders"
+	"github.com/kumiko-go/kumiko/features/users"
+	"github.com/kumiko-go/kumiko/framework"
+	"github.com/kumiko-go/kumiko/framework/dispatcher"
+	"github.com/kumiko-go/kumiko/framework/kumikotest"
+	"github.com/kumiko-go/kumiko/framework/rebuild"
+)
+
+type counted struct {
+	Key string `json:"key" validate:"required"`
+	N   int    `json:"n"`
+}
+
+// bundle is a test's database, registry and runtime: the sample features
+// plus a "test" feature with the tally projection (table tally) and a few
+// projections that must not be rebuilt.
+type bundle struct {
+	db      *kumikotest.DB
+	reg     *framework.Registry
+	counted framework.EventType[counted]
+	rt      *framework.Runtime
+	// failAt makes the tally handler fail on the event whose N equals it.
+	failAt atomic.Int64
+	// appendAt makes the sneaky handler append on N equal to it.
+	appendAt atomic.Int64
+	// foreignAt makes the sneaky handler write another table on N equal to it.
+	foreignAt atomic.Int64
+}
+
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	b := &bundle{db: kumikotest.NewDB(t), reg: framework.NewRegistry()}
+	b.failAt.Store(-1)
+	b.appendAt.Store(-1)
+	b.foreignAt.Store(-1)
+	orders.Register(b.reg)
+	users.Register(b.reg)
+	f := b.reg.Feature("test")
+	b.counted = framework.DefineEvent[counted](f, "counted", nil)
+	_, err := b.db.Pool.Exec(context.Background(), `
+		CREATE TABLE tally (tenant_id text NOT NULL, key text NOT NULL, total bigint NOT NULL, n int NOT NULL DEFAULT 0,
+		  PRIMARY KEY (tenant_id, key));
+		SELECT kumiko_enable_tenancy('tally');
+		CREATE TABLE sneaky (tenant_id text NOT NULL, n int NOT NULL);
+		SELECT kumiko_enable_tenancy('sneaky');
+		CREATE TABLE elsewhere (tenant_id text NOT NULL, n int NOT NULL);
+		SELECT kumiko_enable_tenancy('elsewhere')`)
+	require.NoError(t, err)
+
+	tally := framework.MultiStreamProjection(f, "tally", &framework.ProjectionOptions{Table: "tally", MaxAttempts: 2})
+	framework.On(tally, b.counted, func(ctx context.Context, tx *framework.Tx, e framework.Event[counted]) error {
+		if int64(e.Payload.N) == b.failAt.Load() {
+			return fmt.Errorf("tally cannot count %d", e.Payload.N)
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO tally AS t (tenant_id, key, total, n) VALUES ($1, $2, $3, 1)
+			ON CONFLICT (tenant_id, key) DO UPDATE SET total = t.total + EXCLUDED.total, n = t.n + 1`, e.TenantID, e.Payload.Key, e.Payload.N)
+		return err
+	})
+	sneaky := framework.MultiStreamProjection(f, "sneaky", &framework.ProjectionOptions{Table: "sneaky"})
+	framework.On(sneaky, b.counted, func(ctx context.Context, tx *framework.Tx, e framework.Event[counted]) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO sneaky VALUES ($1, $2)`, e.TenantID, e.Payload.N); err != nil {
+			return err
+		}
+		if int64(e.Payload.N) == b.foreignAt.Load() {
+			if _, err := tx.Exec(ctx, `INSERT INTO elsewhere VALUES ($1, $2)`, e.TenantID, e.Payload.N); err != nil {
+				return err
+			}
+		}
+		if int64(e.Payload.N) == b.appendAt.Load() {
+			return tx.Append(framework.Stream{Type: "echo", ID: e.Payload.Key}, framework.AnyVersion, b.counted.With(counted{Key: "echo", N: -1}))
+		}
+		return nil
+	})
+	saga := framework.MultiStreamProjection(f, "saga", &framework.ProjectionOptions{Table: "sneaky", Saga: true})
+	framework.On(saga, b.counted, func(context.Context, *framework.Tx, framework.Event[counted]) error { return nil })
+	each := framework.MultiStreamProjection(f, "each", &framework.ProjectionOptions{Table: "sneaky", Delivery: framework.DeliveryPerInstance})
+	framework.On(each, b.counted, func(context.Context, *framework.Tx, framework.Event[counted]) error { return nil })
+	ghost := framework.MultiStreamProjection(f, "ghost", &framework.ProjectionOptions{Table: "ghost"})
+	framework.On(ghost, b.counted, func(context.Context, *framework.Tx, framework.Event[counted]) error { return nil })
+	inline := framework.InlineProjection(f, "inline")
+	framework.On(inline, b.counted, func(context.Context, *framework.Tx, framework.Event[counted]) error { return nil })
+
+	b.rt, err = framework.NewRuntime(b.reg, b.db.Pool, nil)
+	require.NoError(t, err)
+	return b
+}
+
+// live returns a dispatcher for the tally projection alone (the "live"
+// consumer), registered.
+func (b *bundle) live(t *testing.T, names ...string) *dispatcher.Dispatcher {
+	t.Helper()
+	var cs []dispatcher.Consumer
+	for _, n := range names {
+		cs = append(cs, dispatcher.FromProjection(b.reg.Projection(n)))
+	}
+	d, err := dispatcher.New(b.db.Pool, b.reg, cs, &dispatcher.Config{InstanceID: "live", PollInterval: 10 * time.Millisecond, RetryBaseDelay: time.Millisecond, RetryMaxDelay: 5 * time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, d.Register(context.Background()))
+	return d
+}
+
+// count writes events counted{key, n} for n in [from, from+k) to tenant.
+func (b *bundle) count(t *testing.T, tenant, key string, from, k int) {
+	t.Helper()
+	for n := from; n < from+k; n++ {
+		_, err := b.rt.InTx(context.Background(), tenant, framework.Metadata{}, func(ctx context.Context, tx *framework.Tx) error {
+			return tx.Append(framework.Stream{Type: "c", ID: key}, framework.AnyVersion, b.counted.With(counted{Key: key, N: n}))
+		})
+		require.NoError(t, err)
+	}
+}
+
+// visible waits until every event written so far is below the visibility
+// horizon (other tests' transactions hold it back briefly).
+func (b *bundle) visible(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for b.int(t, `SELECT count(*) FROM events WHERE commit_key >= pg_snapshot_xmin(pg_current_snapshot())`) > 0 {
+		require.True(t, time.Now().Before(deadline), "events did not become visible")
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (b *bundle) int(t *testing.T, sql string, args ...any) int64 {
+	t.Helper()
+	var n int64
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), sql, args...).Scan(&n))
+	return n
+}
+
+// drain runs passes of the consumer until nothing after its cursor is left.
+func (b *bundle) drain(t *testing.T, d *dispatcher.Dispatcher, name string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := d.RunOnce(context.Background(), name)
+		require.NoError(t, err)
+		if b.lag(t, name) == 0 {
+			return
+		}
+		require.True(t, time.Now().Before(deadline), "%s did not catch up", name)
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// lag counts the events of the consumer's types after its cursor.
+func (b *bundle) lag(t *testing.T, name string) int64 {
+	t.Helper()
+	return b.int(t, `SELECT count(*) FROM events e, event_consumers c
+		WHERE c.name = $1 AND c.instance_id = '__shared__'
+		  AND (e.commit_key, e.position) > (c.cursor_commit_key, c.cursor_position)
+		  AND (c.event_types IS NULL OR e.type = ANY(c.event_types))`, name)
+}
+
+func (b *bundle) oid(t *testing.T, table string) int64 {
+	t.Helper()
+	return b.int(t, `SELECT coalesce(to_regclass($1)::oid::bigint, 0)`, table)
+}
+
+// tallyRows returns the tally table as "tenant/key=total/n" lines, and the
+// same computed from the events table.
+func (b *bundle) tallyRows(t *testing.T) (table, recount []string) {
+	t.Helper()
+	rows := func(sql string) []string {
+		r, err := b.db.Pool.Query(context.Background(), sql)
+		require.NoError(t, err)
+		var out []string
+		for r.Next() {
+			var s string
+			require.NoError(t, r.Scan(&s))
+			out = append(out, s)
+		}
+		require.NoError(t, r.Err())
+		return out
+	}
+	table = rows(`SELECT tenant_id || '/' || key || '=' || total || '/' || n FROM tally ORDER BY 1`)
+	recount = rows(`SELECT tenant_id || '/' || (payload->>'key') || '=' || sum((payload->>'n')::bigint) || '/' || count(*)
+		FROM events WHERE type = 'test:event:counted' GROUP BY tenant_id, payload->>'key' ORDER BY 1`)
+	return table, recount
+}
+
+func TestRefusals(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	for name, want := range map[string]error{
+		"nope:nothing":             rebuild.ErrUnknownProjection,
+		"users:send-welcome-email": rebuild.ErrNotRebuildable, // side-effect-only
+		"test:saga":                rebuild.ErrNotRebuildable,
+		"test:each":                rebuild.ErrNotRebuildable, // per-instance
+		"test:inline":              rebuild.ErrNotRebuildable,
+	} {
+		_, err := rebuild.Rebuild(ctx, b.db.Pool, b.reg, name, nil)
+		require.ErrorIs(t, err, want, name)
+	}
+	_, err := rebuild.Rebuild(ctx, b.db.Pool, b.reg, "users:send-welcome-email", nil)
+	require.ErrorContains(t, err, "side-effect-only")
+	_, err = rebuild.Rebuild(ctx, b.db.Pool, b.reg, "test:saga", nil)
+	require.ErrorContains(t, err, "saga")
+	_, err = rebuild.Rebuild(ctx, b.db.Pool, b.reg, "nope:nothing", nil)
+	require.ErrorContains(t, err, "orders:order-totals")
+	_, err = rebuild.Rebuild(ctx, b.db.Pool, b.reg, "test:ghost", nil)
+	require.ErrorContains(t, err, `table "ghost" does not exist`)
+	require.Zero(t, b.int(t, `SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'kumiko_rebuild%'`))
+	require.Zero(t, b.int(t, `SELECT count(*) FROM event_consumers`))
+}
+
+// The main promise: a rebuild from position zero into a fresh table while
+// writers keep appending, swapped in without losing or doubling an event.
+func TestRebuildWhileWritersContinue(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	d := b.live(t, "orders:order-totals")
+	b.rt.OnCommit(func(int) { d.Wake() })
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	wg.Go(func() { _ = d.Run(ctx) })
+
+	var written atomic.Int64
+	writer := func(ctx context.Context, tenant string, seed uint64) error {
+		rng := rand.New(rand.NewPCG(seed, seed))
+		var placed []string
+		for ctx.Err() == nil {
+			call := framework.Call{Principal: framework.Principal{TenantID: tenant, UserID: "writer"}}
+			if len(placed) > 0 && rng.IntN(4) == 0 {
+				id := placed[rng.IntN(len(placed))]
+				in, _ := json.Marshal(orders.CancelInput{OrderID: id, ExpectedVersion: 1})
+				_, err := b.rt.Write(ctx, call, []framework.Command{{Type: "orders:write:cancel", Payload: in}})
+				if err == nil {
+					written.Add(1)
+				}
+				continue // a second cancel of the same order is a conflict
+			}
+			in, _ := json.Marshal(orders.PlaceInput{Customer: fmt.Sprintf("c%d", rng.IntN(5)), AmountCents: int64(rng.IntN(10000))})
+			out, err := b.rt.Write(ctx, call, []framework.Command{{Type: "orders:write:place", Payload: in}})
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return err
+			}
+			placed = append(placed, out[0].(orders.WriteResult).ID)
+			written.Add(1)
+		}
+		return nil
+	}
+	// History before the rebuild.
+	wctx, stopWriters := context.WithCancel(ctx)
+	errs := make(chan error, 2)
+	var writers sync.WaitGroup
+	writers.Go(func() { errs <- writer(wctx, "acme", 1) })
+	writers.Go(func() { errs <- writer(wctx, "globex", 2) })
+	for written.Load() < 600 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	// A bug corrupted the live table; the rebuild must not carry it over.
+	deadline := time.Now().Add(30 * time.Second)
+	for b.int(t, `SELECT coalesce(sum(events_processed), 0) FROM event_consumers WHERE name = 'orders:order-totals'`) < 600 {
+		require.True(t, time.Now().Before(deadline))
+		time.Sleep(10 * time.Millisecond)
+	}
+	_, err := b.db.Pool.Exec(ctx, `UPDATE order_totals SET orders = orders + 1000`)
+	require.NoError(t, err)
+	oldOID := b.oid(t, "order_totals")
+
+	before := written.Load()
+	var passes atomic.Int64
+	res, err := rebuild.Rebuild(ctx, b.db.Pool, b.reg, "orders:order-totals", &rebuild.Config{
+		BatchSize: 40,
+		Progress:  func(rebuild.Progress) { passes.Add(1) },
+	})
+	require.NoError(t, err)
+	during := written.Load() - before
+	// Keep writing after the swap for a moment, then stop.
+	after := written.Load()
+	for written.Load() < after+100 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	stopWriters()
+	writers.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	t.Logf("rebuild: %d events in %d passes, %s; %d writes during the rebuild", res.Events, passes.Load(), res.Duration, during)
+	require.Positive(t, during, "writers must have run during the rebuild")
+	require.GreaterOrEqual(t, res.Events, int64(600))
+	require.Equal(t, `"public"."order_totals"`, res.Table)
+	require.NotEqual(t, oldOID, b.oid(t, "order_totals"), "the table was swapped")
+	require.False(t, res.Leftover)
+
+	// The live consumer continues on the new table; once it has caught up,
+	// the table equals a recount from the log.
+	deadline = time.Now().Add(30 * time.Second)
+	for b.lag(t, "orders:order-totals") > 0 {
+		require.True(t, time.Now().Before(deadline), "live consumer did not catch up")
+		time.Sleep(10 * time.Millisecond)
+	}
+	table := func(sql string) []string {
+		rows, err := b.db.Pool.Query(ctx, sql)
+		require.NoError(t, err)
+		out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		return out
+	}
+	got := table(`SELECT tenant_id || '/' || customer || '=' || orders || '/' || amount_cents FROM order_totals ORDER BY 1`)
+	want := table(`SELECT p.tenant_id || '/' || (p.payload->>'customer') || '=' || (count(*) - count(c.position)) || '/' ||
+			(sum((p.payload->>'amountCents')::bigint) - coalesce(sum((p.payload->>'amountCents')::bigint) FILTER (WHERE c.position IS NOT NULL), 0))
+		FROM events p LEFT JOIN events c ON c.type = 'orders:event:cancelled'
+		  AND c.tenant_id = p.tenant_id AND c.stream_type = p.stream_type AND c.stream_id = p.stream_id
+		WHERE p.type = 'orders:event:placed'
+		GROUP BY p.tenant_id, p.payload->>'customer' ORDER BY 1`)
+	require.NotEmpty(t, want)
+	require.Equal(t, want, got, "no event lost or applied twice")
+
+	// Nothing of the rebuild is left; the new table is tenant-isolated.
+	require.Zero(t, b.int(t, `SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'kumiko_rebuild%'`))
+	require.Zero(t, b.int(t, `SELECT count(*) FROM event_consumers WHERE name LIKE '%#rebuild'`))
+	require.Equal(t, int64(2), b.int(t, `SELECT count(*) FROM pg_policies WHERE tablename = 'order_totals'`))
+	out, err := b.rt.Query(ctx, framework.Call{Principal: framework.Principal{TenantID: "acme", UserID: "u"}}, framework.Command{Type: "orders:query:totals", Payload: json.RawMessage(`{}`)})
+	require.NoError(t, err)
+	var acme int64
+	for _, tot := range out.([]orders.Total) {
+		acme += tot.Orders
+	}
+	require.Equal(t, b.int(t, `SELECT sum(orders) FROM order_totals WHERE tenant_id = 'acme'`), acme, "a tenant sees only its rows")
+}
+
+func TestRebuildRemovesLeftoverOfInterruptedRun(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	d := b.live(t, "test:tally")
+	b.count(t, "t1", "a", 0, 30)
+	b.count(t, "t2", "b", 0, 20)
+	b.drain(t, d, "test:tally")
+	// What a rebuild killed mid-way leaves: its schema with a half-filled
+	// table, and its consumer row (which pins retention).
+	schema := rebuild.ShadowSchema("test:tally")
+	_, err := b.db.Pool.Exec(ctx, fmt.Sprintf(`CREATE SCHEMA %s; CREATE TABLE %s.tally (LIKE public.tally INCLUDING ALL);
+		INSERT INTO %s.tally VALUES ('t1', 'a', 999, 1);
+		INSERT INTO event_consumers (name, instance_id, cursor_commit_key, cursor_position) VALUES ('test:tally#rebuild', '__shared__', '0', 0)`, schema, schema, schema))
+	require.NoError(t, err)
+
+	res, err := rebuild.Rebuild(ctx, b.db.Pool, b.reg, "test:tally", &rebuild.Config{BatchSize: 7})
+	require.NoError(t, err)
+	require.True(t, res.Leftover)
+	require.Equal(t, int64(50), res.Events)
+	table, recount := b.tallyRows(t)
+	require.Equal(t, recount, table)
+	require.Zero(t, b.int(t, `SELECT count(*) FROM pg_namespace WHERE nspname = $1`, schema))
+
+	// Abandon removes a leftover without rebuilding.
+	_, err = b.db.Pool.Exec(ctx, fmt.Sprintf(`CREATE SCHEMA %s;
+		INSERT INTO event_consumers (name, instance_id) VALUES ('test:tally#rebuild', '__shared__')`, schema))
+	require.NoError(t, err)
+	found, err := rebuild.Abandon(ctx, b.db.Pool, b.reg, "test:tally")
+	require.NoError(t, err)
+	require.True(t, found)
+	found, err = rebuild.Abandon(ctx, b.db.Pool, b.reg, "test:tally")
+	require.NoError(t, err)
+	require.False(t, found)
+	require.Zero(t, b.int(t, `SELECT count(*) FROM event_consumers WHERE name = 'test:tally#rebuild'`))
+	require.Zero(t, b.int(t, `SELECT count(*) FROM pg_namespace WHERE nspname = $1`, schema))
+}
+
+func TestOneRebuildAtATime(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	conn, err := b.db.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, `SELECT pg_advisory_lock(hashtextextended('kumiko-rebuild' || chr(31) || 'test:tally', 0))`)
+	require.NoError(t, err)
+	_, err = rebuild.Rebuild(ctx, b.db.Pool, b.reg, "test:tally", nil)
+	require.ErrorIs(t, err, rebuild.ErrRunning)
+	_, err = rebuild.Abandon(ctx, b.db.Pool, b.reg, "test:tally")
+	require.ErrorIs(t, err, rebuild.ErrRunning)
+	_, err = conn.Exec(ctx, `SELECT pg_advisory_unlock(hashtextextended('kumiko-rebuild' || chr(31) || 'test:tally', 0))`)
+	require.NoError(t, err)
+	_, err = rebuild.Rebuild(ctx, b.db.Pool, b.reg, "test:tally", nil)
+	require.NoError(t, err)
+}
+
+// A handler failure during the replay abandons the rebuild: the shadow
+// table and the temporary consumer go, the live table and cursor stay.
+func TestFailedRebuildLeavesLiveUntouched(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	d := b.live(t, "test:tally")
+	b.count(t, "t1", "a", 0, 20)
+	b.drain(t, d, "test:tally")
+	oid := b.oid(t, "tally")
+	cursor := b.int(t, `SELECT cursor_position FROM event_consumers WHERE name = 'test:tally'`)
+
+	b.failAt.Store(13)
+	_, err := rebuild.Rebuild(ctx, b.db.Pool, b.reg, "test:tally", &rebuild.Config{BatchSize: 5})
+	require.ErrorContains(t, err, "tally cannot count 13")
+	require.Equal(t, oid, b.oid(t, "tally"))
+	require.Equal(t, cursor, b.int(t, `SELECT cursor_position FROM event_consumers WHERE name = 'test:tally'`))
+	table, recount := b.tallyRows(t)
+	require.Equal(t, recount, table)
+	require.Zero(t, b.int(t, `SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'kumiko_rebuild%'`))
+	require.Zero(t, b.int(t, `SELECT count(*) FROM event_consumers WHERE name LIKE '%#rebuild'`))
+}
+
+// A cancelled rebuild (SIGINT in the CLI) cleans up after itself.
+func TestCancelledRebuildCleansUp(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.count(t, "t1", "a", 0, 40)
+	b.visible(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	_, err := rebuild.Rebuild(ctx, b.db.Pool, b.reg, "test:tally", &rebuild.Config{
+		BatchSize: 5,
+		Progress: func(p rebuild.Progress) {
+			if p.Events >= 10 {
+				cancel()
+			}
+		},
+	})
+	require.ErrorIs(t, err, context.Canceled)
+	require.Zero(t, b.int(t, `SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'kumiko_rebuild%'`))
+	require.Zero(t, b.int(t, `SELECT count(*) FROM event_consumers WHERE name LIKE '%#rebuild'`))
+}
+
+// A handler that appends events or writes outside its table is caught
+// during the rebuild, before anything of it commits.
+func TestRebuildCatchesHandlersThatTouchMore(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	d := b.live(t, "test:sneaky")
+	b.count(t, "t1", "a", 0, 10)
+	b.drain(t, d, "test:sneaky")
+	events := b.int(t, `SELECT count(*) FROM events`)
+
+	b.appendAt.Store(4)
+	_, err := rebuild.Rebuild(ctx, b.db.Pool, b.reg, "test:sneaky", &rebuild.Config{BatchSize: 3})
+	require.ErrorIs(t, err, rebuild.ErrNotRebuildable)
+	require.ErrorContains(t, err, "appended events")
+	require.Equal(t, events, b.int(t, `SELECT count(*) FROM events`), "nothing appended")
+
+	b.appendAt.Store(-1)
+	b.foreignAt.Store(6)
+	_, err = rebuild.Rebuild(ctx, b.db.Pool, b.reg, "test:sneaky", &rebuild.Config{BatchSize: 3})
+	require.ErrorIs(t, err, rebuild.ErrNotRebuildable)
+	require.ErrorContains(t, err, "public.elsewhere")
+	require.Zero(t, b.int(t, `SELECT count(*) FROM elsewhere`), "the foreign write did not commit")
+	require.Equal(t, int64(10), b.int(t, `SELECT count(*) FROM sneaky`), "the live table is untouched")
+	require.Zero(t, b.int(t, `SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'kumiko_rebuild%'`))
+
+	b.foreignAt.Store(-1)
+	res, err := rebuild.Rebuild(ctx, b.db.Pool, b.reg, "test:sneaky", nil)
+	require.NoError(t, err)
+	require.Equal(t, int64(10), res.Events)
+	require.Equal(t, int64(10), b.int(t, `SELECT count(*) FROM sneaky`))
+}
+
+// The rebuild of a dead projection (its bug since fixed) revives it at the
+// rebuilt cursor.
+func TestRebuildRevivesDeadConsumer(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	d := b.live(t, "test:tally")
+	b.failAt.Store(5)
+	b.count(t, "t1", "a", 0, 10)
+	deadline := time.Now().Add(20 * time.Second)
+	for b.int(t, `SELECT count(*) FROM event_consumers WHERE name = 'test:tally' AND status = 'dead'`) == 0 {
+		require.True(t, time.Now().Before(deadline), "the live consumer never died")
+		_, err := d.RunOnce(ctx, "test:tally")
+		require.NoError(t, err)
+		time.Sleep(5 * time.Millisecond)
+	}
+	b.failAt.Store(-1) // the fix is deployed
+	res, err := rebuild.Rebuild(ctx, b.db.Pool, b.reg, "test:tally", nil)
+	require.NoError(t, err)
+	require.Equal(t, int64(10), res.Events)
+	require.Equal(t, "idle", func() string {
+		var s string
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT status FROM event_consumers WHERE name = 'test:tally'`).Scan(&s))
+		return s
+	}())
+	require.Zero(t, b.lag(t, "test:tally"))
+	b.count(t, "t1", "a", 10, 3)
+	b.drain(t, d, "test:tally")
+	table, recount := b.tallyRows(t)
+	require.Equal(t, recount, table)
+}
+
+// The swap waits for a live pass in flight (it holds the pass lock) and
+// retries after its lock timeout.
+func TestSwapWaitsForLivePass(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	d := b.live(t, "test:tally")
+	b.count(t, "t1", "a", 0, 10)
+	b.drain(t, d, "test:tally")
+
+	// A live pass that holds the consumer's lock for a while.
+	pass, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = pass.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('test:tally' || chr(31) || '__shared__', 0))`)
+	require.NoError(t, err)
+	released := make(chan time.Time, 1)
+	go func() {
+		time.Sleep(700 * time.Millisecond)
+		released <- time.Now()
+		_ = pass.Rollback(ctx)
+	}()
+	res, err := rebuild.Rebuild(ctx, b.db.Pool, b.reg, "test:tally", &rebuild.Config{SwapLockTimeout: 100 * time.Millisecond})
+	require.NoError(t, err)
+	done := time.Now()
+	require.True(t, done.After(<-released), "the swap finished while the live pass held its lock")
+	require.Equal(t, int64(10), res.Events)
+	table, recount := b.tallyRows(t)
+	require.Equal(t, recount, table)
+}
+
+// A rebuild cancelled while its swap waits for the live consumer's lock
+// (a query in flight on its own connection) still cleans up after itself.
+func TestCancelDuringSwapCleansUp(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	d := b.live(t, "test:tally")
+	b.count(t, "t1", "a", 0, 10)
+	b.drain(t, d, "test:tally")
+	oid := b.oid(t, "tally")
+
+	pass, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = pass.Rollback(ctx) }()
+	_, err = pass.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('test:tally' || chr(31) || '__shared__', 0))`)
+	require.NoError(t, err)
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		// Cancel once the swap waits for the live consumer's lock.
+		defer cancel()
+		deadline := time.Now().Add(20 * time.Second)
+		for time.Now().Before(deadline) {
+			var waiting bool
+			err := b.db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database()
+				AND wait_event_type = 'Lock' AND query LIKE '%pg_advisory_xact_lock%')`).Scan(&waiting)
+			if err != nil || waiting {
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	_, err = rebuild.Rebuild(rctx, b.db.Pool, b.reg, "test:tally", &rebuild.Config{SwapLockTimeout: 30 * time.Second})
+	require.ErrorIs(t, err, context.Canceled)
+	require.Equal(t, oid, b.oid(t, "tally"))
+	require.Zero(t, b.int(t, `SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'kumiko_rebuild%'`))
+	require.Zero(t, b.int(t, `SELECT count(*) FROM event_consumers WHERE name LIKE '%#rebuild'`))
+	table, recount := b.tallyRows(t)
+	require.Equal(t, recount, table)
+}

@@ -1,0 +1,282 @@
+package retention
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kumiko-go/kumiko/framework"
+	"github.com/kumiko-go/kumiko/framework/eventstore"
+)
+
+// Options select what [Prune] deletes.
+type Options struct {
+	// OlderThanDays selects events created more than this many days ago.
+	// Required; at least 1.
+	OlderThanDays int
+	// Types are the qualified event types to prune. Every name must be
+	// declared in the registry; aggregate types may be named (an explicit
+	// choice). Defaults to every pub/sub type of the registry.
+	Types []string
+	// DryRun counts what would be deleted, runs the lag guard, and deletes
+	// nothing. Defaults to false.
+	DryRun bool
+}
+
+// Result reports what [Prune] deleted (or, in a dry run, would delete).
+type Result struct {
+	// Types are the selected event types, sorted; empty when the registry
+	// declares no pub/sub type and none was named (nothing to do).
+	Types []string
+	// Cutoff is the creation time before which events were selected.
+	Cutoff time.Time
+	// Counts holds the number of events per selected type (0 included).
+	Counts map[string]int64
+	// Total is the sum of Counts.
+	Total int64
+	// DryRun is set when nothing was deleted on purpose.
+	DryRun bool
+}
+
+// LaggingConsumer is a consumer that has not passed every event a prune
+// selected.
+type LaggingConsumer struct {
+	// Name is the consumer's name.
+	Name string
+	// InstanceID is the state row's instance id ("__shared__" for shared
+	// consumers).
+	InstanceID string
+	// Status is idle or dead.
+	Status string
+	// Cursor is the consumer's cursor.
+	Cursor eventstore.Cursor
+	// Unseen counts the selected events after the cursor that the consumer
+	// reads (capped at one million).
+	Unseen int64
+}
+
+// LagError is returned when a prune is refused because consumers have not
+// passed the events it would delete.
+type LagError struct {
+	// Consumers are the lagging consumers, sorted by name and instance.
+	Consumers []LaggingConsumer
+}
+
+// Error names the lagging consumers and the ways out.
+func (e *LagError) Error() string {
+	var b strings.Builder
+	b.WriteString("retention: refused: consumers have not passed the events to prune:")
+	for _, c := range e.Consumers {
+		fmt.Fprintf(&b, "\n  %s (instance %s, %s, cursor %s): %d unseen", c.Name, c.InstanceID, c.Status, c.Cursor, c.Unseen)
+	}
+	b.WriteString("\nlet them catch up, or move them on with `kumiko consumer skip NAME [--instance ID]` or `kumiko consumer disable NAME [--instance ID]`, then prune again")
+	return b.String()
+}
+
+var (
+	// ErrUnknownType is returned when Options.Types names an event type the
+	// registry does not declare.
+	ErrUnknownType = errors.New("retention: unknown event type")
+	// ErrPruneRunning is returned when another prune holds the prune lock.
+	ErrPruneRunning = errors.New("retention: another prune is running")
+	// ErrBadAge is returned when Options.OlderThanDays is below 1.
+	ErrBadAge = errors.New("retention: older-than-days must be at least 1")
+)
+
+// SelectTypes returns the types a prune of names deletes, sorted: the
+// named ones (each must be declared in reg, else the error wraps
+// [ErrUnknownType]) or, when names is empty, every pub/sub type of reg.
+func SelectTypes(reg *framework.Registry, names []string) ([]string, error) {
+	if len(names) == 0 {
+		var out []string
+		for _, t := range reg.EventTypes() {
+			if reg.IsPubSub(t) {
+				out = append(out, t)
+			}
+		}
+		return out, nil
+	}
+	var unknown []string
+	out := make([]string, 0, len(names))
+	for _, n := range names {
+		if !reg.HasEvent(n) {
+			unknown = append(unknown, n)
+			continue
+		}
+		if !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	if len(unknown) > 0 {
+		return nil, fmt.Errorf("%w: %s (declared: %s)", ErrUnknownType, strings.Join(unknown, ", "), strings.Join(reg.EventTypes(), ", "))
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+const (
+	// pruneLockSQL serialises prunes (two concurrent REPEATABLE READ
+	// deletes of the same rows would fail with a serialization error).
+	pruneLockSQL   = `SELECT pg_try_advisory_lock(hashtextextended('kumiko-events-prune', 0))`
+	pruneUnlockSQL = `SELECT pg_advisory_unlock(hashtextextended('kumiko-events-prune', 0))`
+	// lockConsumersSQL runs before the transaction's first query, so the
+	// snapshot is taken after it: every consumer change that committed
+	// before the lock is seen, and none can happen until commit.
+	lockConsumersSQL = `LOCK TABLE event_consumers IN SHARE MODE`
+	cutoffSQL        = `SELECT now() - make_interval(days => $1)`
+	// guardSQL lists the consumers (not disabled, reading one of the types)
+	// with a candidate event after their cursor.
+	guardSQL = `SELECT name, instance_id, status, cursor_commit_key, cursor_position, unseen FROM (
+  SELECT c.name, c.instance_id, c.status, c.cursor_commit_key, c.cursor_position,
+    (SELECT count(*) FROM (SELECT 1 FROM events e
+       WHERE e.type = ANY($1) AND e.created_at < $2
+         AND (c.event_types IS NULL OR e.type = ANY(c.event_types))
+         AND (e.commit_key, e.position) > (c.cursor_commit_key, c.cursor_position)
+       LIMIT 1000000) x) AS unseen
+  FROM event_consumers c
+  WHERE c.status <> 'disabled' AND (c.event_types IS NULL OR c.event_types && $1)
+) g WHERE unseen > 0 ORDER BY name, instance_id`
+	countSQL  = `SELECT type, count(*) FROM events WHERE type = ANY($1) AND created_at < $2 GROUP BY type`
+	deleteSQL = `WITH d AS (DELETE FROM events WHERE type = ANY($1) AND created_at < $2 RETURNING type)
+SELECT type, count(*) FROM d GROUP BY type`
+)
+
+// Prune deletes events of the selected types created more than
+// opts.OlderThanDays days ago, in one transaction that holds the consumer
+// table in SHARE mode, unless a consumer that is not disabled has not passed
+// them: then it deletes nothing and returns a *[LagError]. In a dry run it
+// counts instead of deleting; when the guard refuses, it returns the counts
+// together with the *LagError.
+//
+// It returns [ErrBadAge] for OlderThanDays below 1, an error wrapping
+// [ErrUnknownType] for an undeclared type name, and [ErrPruneRunning] when
+// another prune is running. With no type named and no pub/sub type
+// declared, it does nothing and returns a Result with no Types.
+func Prune(ctx context.Context, pool *pgxpool.Pool, reg *framework.Registry, opts *Options) (*Result, error) {
+	if opts == nil {
+		opts = &Options{}
+	}
+	if opts.OlderThanDays < 1 {
+		return nil, ErrBadAge
+	}
+	types, err := SelectTypes(reg, opts.Types)
+	if err != nil {
+		return nil, err
+	}
+	res := &Result{Types: types, Counts: map[string]int64{}, DryRun: opts.DryRun}
+	if len(types) == 0 {
+		return res, nil
+	}
+	for _, t := range types {
+		res.Counts[t] = 0
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("retention: acquire: %w", err)
+	}
+	defer conn.Release()
+	var locked bool
+	if err := conn.QueryRow(ctx, pruneLockSQL).Scan(&locked); err != nil {
+		return nil, fmt.Errorf("retention: prune lock: %w", err)
+	}
+	if !locked {
+		return nil, ErrPruneRunning
+	}
+	defer func() {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if _, err := conn.Exec(uctx, pruneUnlockSQL); err != nil {
+			// A connection that cannot unlock must not go back to the pool
+			// holding the lock.
+			_ = conn.Conn().Close(uctx)
+		}
+	}()
+	lagErr, err := prune(ctx, conn.Conn(), types, opts, res)
+	if err != nil {
+		return nil, fmt.Errorf("retention: %w", err)
+	}
+	if lagErr != nil {
+		if opts.DryRun {
+			return res, lagErr
+		}
+		return nil, lagErr
+	}
+	return res, nil
+}
+
+// prune runs the prune transaction on conn, filling res.
+func prune(ctx context.Context, conn *pgx.Conn, types []string, opts *Options, res *Result) (*LagError, error) {
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		return nil, fmt.Errorf("begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, lockConsumersSQL); err != nil {
+		return nil, fmt.Errorf("lock consumers: %w", err)
+	}
+	if err := tx.QueryRow(ctx, cutoffSQL, opts.OlderThanDays).Scan(&res.Cutoff); err != nil {
+		return nil, fmt.Errorf("cutoff: %w", err)
+	}
+	rows, err := tx.Query(ctx, guardSQL, types, res.Cutoff)
+	if err != nil {
+		return nil, fmt.Errorf("guard: %w", err)
+	}
+	lagging, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (LaggingConsumer, error) {
+		var c LaggingConsumer
+		err := r.Scan(&c.Name, &c.InstanceID, &c.Status, &c.Cursor.CommitKey, &c.Cursor.Position, &c.Unseen)
+		return c, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("guard: %w", err)
+	}
+	var lagErr *LagError
+	if len(lagging) > 0 {
+		lagErr = &LagError{Consumers: lagging}
+	}
+	switch {
+	case opts.DryRun:
+		err = collectCounts(ctx, tx, countSQL, types, res)
+	case lagErr != nil:
+		return lagErr, nil
+	default:
+		err = collectCounts(ctx, tx, deleteSQL, types, res)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if opts.DryRun {
+		return lagErr, nil
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("commit: %w", err)
+	}
+	return nil, nil
+}
+
+// collectCounts runs a (type, count) query into res.
+func collectCounts(ctx context.Context, tx pgx.Tx, sql string, types []string, res *Result) error {
+	rows, err := tx.Query(ctx, sql, types, res.Cutoff)
+	if err != nil {
+		return fmt.Errorf("delete: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var typ string
+		var n int64
+		if err := rows.Scan(&typ, &n); err != nil {
+			return fmt.Errorf("delete: %w", err)
+		}
+		res.Counts[typ] = n
+		res.Total += n
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("delete: %w", err)
+	}
+	return nil
+}
