@@ -30,6 +30,9 @@ type Registry struct {
 	projections map[string]*Projection
 	problems    []error
 	built       bool
+	// extensions are side tables of packages that extend the registry
+	// (framework/jobs), keyed by a value of their own unexported type.
+	extensions map[any]any
 }
 
 // NewRegistry returns an empty registry.
@@ -100,6 +103,36 @@ func (r *Registry) problem(format string, args ...any) {
 
 func (r *Registry) problemLocked(format string, args ...any) {
 	r.problems = append(r.problems, fmt.Errorf("kumiko: "+format, args...))
+}
+
+// Extension returns the value stored under key, creating it with init on
+// first use. Packages that extend the registry (framework/jobs) keep their
+// side tables here; key should be a value of an unexported type of theirs.
+// init runs under the registry's lock and must not call the registry.
+func (r *Registry) Extension(key any, init func() any) any {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if v, ok := r.extensions[key]; ok {
+		return v
+	}
+	if r.extensions == nil {
+		r.extensions = map[any]any{}
+	}
+	v := init()
+	r.extensions[key] = v
+	return v
+}
+
+// AddProblem records a registration problem found by a package that extends
+// the registry; [Registry.Build] reports it with all the others. A nil err
+// is ignored.
+func (r *Registry) AddProblem(err error) {
+	if err == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.problems = append(r.problems, err)
 }
 
 // Build checks the registry and returns every registration problem at once

@@ -140,7 +140,12 @@ func Register(r *framework.Registry) *Feature {
 			return o, framework.Errorf(framework.CodeNotFound, "order %s not found", in.OrderID)
 		}
 		return o, err
-	}, nil)
+	}, &framework.QueryOptions{
+		// A single-entity read: cached by order id, dropped from the cache
+		// when the order's stream gets an event that changes the row.
+		Cache: framework.CacheBy(5*time.Minute, func(in GetInput) string { return in.OrderID },
+			framework.InvalidatedBy(ft.Cancelled, func(e framework.Event[Cancelled]) string { return e.Payload.OrderID })),
+	})
 
 	framework.Query(f, "list", func(ctx context.Context, tx *framework.Tx, in ListInput) (ListResult, error) {
 		limit := in.Limit
@@ -175,5 +180,6 @@ func Register(r *framework.Registry) *Feature {
 		return res, nil
 	}, nil)
 	registerTotals(f, ft)
+	registerJobs(f, ft)
 	return ft
 }

@@ -64,5 +64,6 @@ func Register(r *framework.Registry) *Feature {
 			e.TenantID, e.Payload.UserID, e.Payload.Email)
 		return err
 	})
+	registerJobs(f, ft, TableSender{})
 	return ft
 }

@@ -1,0 +1,208 @@
+package jobs
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/hibiken/asynq"
+
+	"github.com/kumiko-go/kumiko/framework"
+)
+
+// The transactional dispatch event, "jobs:event:dispatched".
+const (
+	dispatchFeature = "jobs"
+	dispatchEvent   = "dispatched"
+	// dispatchStream is the stream type of dispatch events; each dispatch
+	// is its own stream, so concurrent dispatches never contend.
+	dispatchStream = "job-dispatch"
+)
+
+// Dispatched is the payload of jobs:event:dispatched, the event
+// [Set.DispatchTx] appends in the caller's transaction; the job-trigger
+// consumer enqueues the job when it reads it.
+type Dispatched struct {
+	// Job is the qualified job name.
+	Job string `json:"job" validate:"required"`
+	// Payload is the job's input.
+	Payload json.RawMessage `json:"payload,omitempty"`
+	// Key deduplicates the dispatch (see [DispatchOptions.Key]).
+	Key string `json:"key,omitempty"`
+}
+
+// SkipRetry, wrapped in a handler's error, archives the run at once instead
+// of retrying it.
+var SkipRetry = asynq.SkipRetry
+
+// ErrDuplicate is returned by [Client.Dispatch] when the run was not
+// enqueued because an equal one exists: the same Key within the dedup
+// window, or the same payload within the job's Unique window. The job runs
+// once; callers usually treat it as success.
+var ErrDuplicate = errors.New("jobs: duplicate dispatch")
+
+// ErrUnknownJob is returned for a job name nobody registered, or one that
+// is not a manual job.
+var ErrUnknownJob = errors.New("jobs: unknown manual job")
+
+// DispatchOptions tune a dispatch. A nil *DispatchOptions means the
+// defaults.
+type DispatchOptions struct {
+	// TenantID owns the run and scopes its transactions ([Client.Dispatch]
+	// only: [Set.DispatchTx] uses the transaction's tenant). Defaults to
+	// framework.SystemTenantID.
+	TenantID string
+	// Key makes the dispatch idempotent: dispatches of the same job with
+	// the same key in the same tenant run once within the dedup window of
+	// the runner (24 hours by default). Defaults to "" (every dispatch
+	// runs).
+	Key string
+	// CorrelationID is the run's correlation id ([Client.Dispatch] only;
+	// [Set.DispatchTx] uses the transaction's). Defaults to the run's task
+	// id.
+	CorrelationID string
+	// CausationID is the run's causation id ([Client.Dispatch] only;
+	// [Set.DispatchTx] uses the dispatch event's id). Defaults to "".
+	CausationID string
+}
+
+// EnqueueError is an enqueue that failed in Redis (unreachable, timed out,
+// refused). It is transient: the job-trigger consumer retries it without
+// counting the attempt, and its cursor waits.
+type EnqueueError struct {
+	// Job is the qualified job name.
+	Job string
+	// Err is asynq's error.
+	Err error
+}
+
+// Error implements error.
+func (e *EnqueueError) Error() string { return fmt.Sprintf("jobs: enqueue %s: %v", e.Job, e.Err) }
+
+// Unwrap returns asynq's error.
+func (e *EnqueueError) Unwrap() error { return e.Err }
+
+// IsTransient reports whether err is (or wraps) an [*EnqueueError].
+func IsTransient(err error) bool {
+	var ee *EnqueueError
+	return errors.As(err, &ee)
+}
+
+// Client enqueues jobs. It is safe for concurrent use; get it from
+// [Runner.Client].
+type Client struct {
+	set       *Set
+	aq        *asynq.Client
+	prefix    string
+	retention time.Duration
+	timeout   time.Duration
+	metrics   *metrics
+	log       *slog.Logger
+}
+
+// Dispatch enqueues the manual job name with payload directly to Redis
+// (not tied to a database transaction: use [Set.DispatchTx] for that) and
+// returns the task id. The payload is checked against the job's input type
+// first: a payload that does not decode or fails its validator tags is a
+// *framework.ValidationError and nothing is enqueued. An unknown job is
+// [ErrUnknownJob]; an equal run that already exists is [ErrDuplicate]; an
+// unreachable Redis is a framework.CodeUnavailable *framework.Error wrapping
+// an [*EnqueueError].
+func (c *Client) Dispatch(ctx context.Context, name string, payload any, opts *DispatchOptions) (string, error) {
+	if opts == nil {
+		opts = &DispatchOptions{}
+	}
+	j, raw, err := c.set.checkManual(name, payload)
+	if err != nil {
+		return "", err
+	}
+	tenant := cmp.Or(opts.TenantID, framework.SystemTenantID)
+	id := name + "@" + uuid.Must(uuid.NewV7()).String()
+	if opts.Key != "" {
+		id = keyTaskID(name, tenant, opts.Key)
+	}
+	// Without ids the run's correlation id is its task id (see the
+	// handler); no headers keep the task small.
+	hdr := map[string]string{headerCorrelation: opts.CorrelationID, headerCausation: opts.CausationID}
+	dup, err := c.enqueue(ctx, j, &wire{Tenant: tenant, Payload: raw}, id, hdr, opts.Key != "")
+	switch {
+	case err != nil:
+		return "", &framework.Error{Code: framework.CodeUnavailable, Message: "job queue unavailable", Err: err}
+	case dup:
+		return id, fmt.Errorf("%w: %s", ErrDuplicate, id)
+	}
+	return id, nil
+}
+
+// checkManual finds a manual job and checks a payload against its input.
+func (s *Set) checkManual(name string, payload any) (*Job, json.RawMessage, error) {
+	j := s.Job(name)
+	if j == nil || j.trigger != TriggerManual {
+		return nil, nil, fmt.Errorf("%w %q", ErrUnknownJob, name)
+	}
+	raw, err := j.check(payload)
+	if err != nil {
+		return nil, nil, err
+	}
+	return j, raw, nil
+}
+
+// DispatchTx enqueues the manual job name with payload as part of tx: it
+// appends a jobs:event:dispatched event in tx, and the job-trigger consumer
+// enqueues the job once the transaction has committed (and never when it
+// rolls back). There is no dual write: the event log is the outbox. The run
+// belongs to the transaction's tenant and carries its correlation id; its
+// causation id is the dispatch event's id. The payload is checked first
+// (*framework.ValidationError); an unknown job is [ErrUnknownJob].
+func (s *Set) DispatchTx(ctx context.Context, tx *framework.Tx, name string, payload any, opts *DispatchOptions) error {
+	_ = ctx
+	if opts == nil {
+		opts = &DispatchOptions{}
+	}
+	_, raw, err := s.checkManual(name, payload)
+	if err != nil {
+		return err
+	}
+	ev := s.dispatched
+	stream := framework.Stream{Type: dispatchStream, ID: uuid.Must(uuid.NewV7()).String()}
+	return tx.Append(stream, framework.NoStream, ev.With(Dispatched{Job: name, Payload: raw, Key: opts.Key}))
+}
+
+// enqueue puts one run on its lane's queue under taskID. dup reports that
+// the id (or the job's Unique window) was taken, which is not an error:
+// the run exists. Redis failures are *EnqueueError. dedup retains the
+// completed run for the dedup window, keeping its id taken.
+func (c *Client) enqueue(ctx context.Context, j *Job, w *wire, taskID string, headers map[string]string, dedup bool) (dup bool, err error) {
+	task, err := newTask(j, w, headers)
+	if err != nil {
+		return false, fmt.Errorf("jobs: %s: %w", j.name, err)
+	}
+	opts := []asynq.Option{
+		asynq.Queue(QueueName(c.prefix, j.opts.RunIn, j.opts.Priority)),
+		asynq.MaxRetry(j.maxRetry()),
+		asynq.Timeout(j.opts.Timeout),
+		asynq.TaskID(taskID),
+	}
+	if dedup {
+		opts = append(opts, asynq.Retention(c.retention))
+	}
+	if j.opts.Unique > 0 {
+		opts = append(opts, asynq.Unique(j.opts.Unique))
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	_, err = c.aq.EnqueueContext(ctx, task, opts...)
+	switch {
+	case errors.Is(err, asynq.ErrTaskIDConflict), errors.Is(err, asynq.ErrDuplicateTask):
+		return true, nil
+	case err != nil:
+		return false, &EnqueueError{Job: j.name, Err: err}
+	}
+	c.metrics.enqueued.WithLabelValues(string(j.opts.RunIn), j.name).Inc()
+	return false, nil
+}

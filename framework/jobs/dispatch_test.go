@@ -1,0 +1,213 @@
+package jobs_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kumiko-go/kumiko/framework"
+	"github.com/kumiko-go/kumiko/framework/jobs"
+)
+
+type exportInput struct {
+	Report string `json:"report" validate:"required,max=20"`
+}
+
+// TestDispatchTx: a dispatch is part of the caller's transaction (it runs
+// after a commit, never after a rollback), carries the transaction's tenant
+// and correlation id, and a Key makes it run once.
+func TestDispatchTx(t *testing.T) {
+	t.Parallel()
+	var export jobs.ManualJob[exportInput]
+	b := setup(t, func(b *bundle) {
+		export = jobs.Manual[exportInput](b.f, "export", nil, func(ctx context.Context, jc *jobs.Context, in exportInput) error {
+			return insertRun(ctx, jc, jc.Job, in.Report, jc.CorrelationID+"|"+jc.CausationID+"|"+jc.UserID)
+		})
+	})
+	r := b.runner(t, nil)
+	b.dispatch(t, r.Consumer())
+
+	write := func(tenant, corr string, fn func(ctx context.Context, tx *framework.Tx) error) error {
+		_, err := b.rt.InTx(context.Background(), tenant, framework.Metadata{UserID: "alice", CorrelationID: corr}, fn)
+		return err
+	}
+	require.NoError(t, write("acme", "corr-commit", func(ctx context.Context, tx *framework.Tx) error {
+		return export.DispatchTx(ctx, tx, exportInput{Report: "committed"}, nil)
+	}))
+	require.Error(t, write("acme", "corr-rollback", func(ctx context.Context, tx *framework.Tx) error {
+		if err := export.DispatchTx(ctx, tx, exportInput{Report: "rolled-back"}, nil); err != nil {
+			return err
+		}
+		return errors.New("the business write fails")
+	}))
+	// Invalid payloads and unknown jobs fail at the call site.
+	var ve *framework.ValidationError
+	require.ErrorAs(t, write("acme", "x", func(ctx context.Context, tx *framework.Tx) error {
+		return export.DispatchTx(ctx, tx, exportInput{}, nil)
+	}), &ve)
+	require.Equal(t, "report", ve.Fields[0].Field)
+	require.ErrorIs(t, write("acme", "x", func(ctx context.Context, tx *framework.Tx) error {
+		return jobs.For(b.reg).DispatchTx(ctx, tx, "test:job:nope", exportInput{Report: "x"}, nil)
+	}), jobs.ErrUnknownJob)
+	// Keyed: two transactions, one run.
+	for i := range 2 {
+		require.NoError(t, write("globex", fmt.Sprint("corr-key-", i), func(ctx context.Context, tx *framework.Tx) error {
+			return jobs.For(b.reg).DispatchTx(ctx, tx, "test:job:export", map[string]any{"report": "keyed"}, &jobs.DispatchOptions{Key: "monthly-2026-11"})
+		}))
+	}
+
+	eventually(t, "two runs", func() bool { return b.count(t, `SELECT count(*) FROM runs`) >= 2 })
+	drained(t, r.Inspector())
+	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM runs`))
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM runs WHERE ref = 'rolled-back'`))
+	var tenant, info string
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT tenant_id, info FROM runs WHERE ref = 'committed'`).Scan(&tenant, &info))
+	var pos int64
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT position FROM events WHERE type = 'jobs:event:dispatched' AND tenant_id = 'acme'`).Scan(&pos))
+	require.Equal(t, "acme", tenant)
+	require.Equal(t, "corr-commit|"+strconv.FormatInt(pos, 10)+"|alice", info)
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM runs WHERE ref = 'keyed' AND tenant_id = 'globex'`))
+}
+
+// TestClientDispatch: direct dispatch checks its payload, and Key and
+// Unique make equal dispatches one run.
+func TestClientDispatch(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	b := setup(t, func(b *bundle) {
+		jobs.Manual[exportInput](b.f, "export", nil, func(ctx context.Context, jc *jobs.Context, in exportInput) error {
+			return insertRun(ctx, jc, jc.Job, in.Report, jc.TenantID+"|"+jc.CorrelationID+"|"+jc.CausationID)
+		})
+		jobs.Manual[exportInput](b.f, "slow", &jobs.Options{Unique: time.Minute}, func(ctx context.Context, jc *jobs.Context, in exportInput) error {
+			<-release
+			return insertRun(ctx, jc, jc.Job, in.Report, "")
+		})
+	})
+	r := b.runner(t, nil)
+	t.Cleanup(func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	})
+	c := r.Client()
+	ctx := context.Background()
+
+	_, err := c.Dispatch(ctx, "test:job:export", exportInput{Report: "this report name is far too long"}, nil)
+	var ve *framework.ValidationError
+	require.ErrorAs(t, err, &ve)
+	_, err = c.Dispatch(ctx, "test:job:export", map[string]any{"report": "x", "extra": 1}, nil)
+	require.ErrorAs(t, err, &ve)
+	require.Equal(t, "extra", ve.Fields[0].Field)
+	_, err = c.Dispatch(ctx, "test:job:unknown", exportInput{Report: "x"}, nil)
+	require.ErrorIs(t, err, jobs.ErrUnknownJob)
+
+	id, err := c.Dispatch(ctx, "test:job:export", exportInput{Report: "once"}, &jobs.DispatchOptions{TenantID: "acme", Key: "k1", CorrelationID: "c-1", CausationID: "cause-1"})
+	require.NoError(t, err)
+	id2, err := c.Dispatch(ctx, "test:job:export", exportInput{Report: "once"}, &jobs.DispatchOptions{TenantID: "acme", Key: "k1"})
+	require.ErrorIs(t, err, jobs.ErrDuplicate)
+	require.Equal(t, id, id2)
+	// The same key of another tenant is another run.
+	_, err = c.Dispatch(ctx, "test:job:export", exportInput{Report: "once"}, &jobs.DispatchOptions{TenantID: "globex", Key: "k1"})
+	require.NoError(t, err)
+
+	_, err = c.Dispatch(ctx, "test:job:slow", exportInput{Report: "unique"}, &jobs.DispatchOptions{TenantID: "acme"})
+	require.NoError(t, err)
+	_, err = c.Dispatch(ctx, "test:job:slow", exportInput{Report: "unique"}, &jobs.DispatchOptions{TenantID: "acme"})
+	require.ErrorIs(t, err, jobs.ErrDuplicate, "an equal run is waiting or running: the Unique window refuses a second")
+	close(release)
+
+	eventually(t, "three runs", func() bool { return b.count(t, `SELECT count(*) FROM runs`) >= 3 })
+	drained(t, r.Inspector())
+	require.Equal(t, 3, b.count(t, `SELECT count(*) FROM runs`))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM runs WHERE info = 'acme|c-1|cause-1'`))
+}
+
+// TestHandledOnceConcurrentClaims: of concurrent transactions claiming one
+// key, exactly one sees true; a rolled-back claim frees the key; keys are
+// per tenant.
+func TestHandledOnceConcurrentClaims(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	claim := func(tenant, key string, fail bool) (bool, error) {
+		var first bool
+		_, err := b.rt.InTx(context.Background(), tenant, framework.Metadata{}, func(ctx context.Context, tx *framework.Tx) error {
+			var err error
+			if first, err = jobs.HandledOnce(ctx, tx, key); err != nil {
+				return err
+			}
+			if fail {
+				return errors.New("the job's write fails")
+			}
+			return nil
+		})
+		return first, err
+	}
+	first, err := claim("acme", "k", true)
+	require.Error(t, err)
+	require.True(t, first)
+	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM handled`), "a rolled-back claim leaves nothing")
+
+	var wins atomic.Int64
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			ok, err := claim("acme", "k", false)
+			require.NoError(t, err)
+			if ok {
+				wins.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	require.Equal(t, int64(1), wins.Load())
+	ok, err := claim("globex", "k", false)
+	require.NoError(t, err)
+	require.True(t, ok, "another tenant's claim of the same key is its own")
+	_, err = claim("acme", "", false)
+	require.Error(t, err)
+}
+
+// TestHandledOnceUnderDuplicateDeliveries delivers one logical job twelve
+// times at once (twelve tasks, twelve concurrent workers): the guarded
+// effect happens once.
+func TestHandledOnceUnderDuplicateDeliveries(t *testing.T) {
+	t.Parallel()
+	var effects, runs atomic.Int64
+	gate := make(chan struct{})
+	b := setup(t, func(b *bundle) {
+		jobs.Manual[exportInput](b.f, "mail", nil, func(ctx context.Context, jc *jobs.Context, in exportInput) error {
+			runs.Add(1)
+			<-gate // line the deliveries up so they claim at the same time
+			return jc.InTx(ctx, func(ctx context.Context, tx *framework.Tx) error {
+				first, err := jobs.HandledOnce(ctx, tx, "mail:"+in.Report)
+				if err != nil || !first {
+					return err
+				}
+				effects.Add(1)
+				_, err = tx.Exec(ctx, `INSERT INTO effects (tenant_id, key) VALUES ($1, $2)`, tx.TenantID(), in.Report)
+				return err
+			})
+		})
+	})
+	r := b.runner(t, &jobs.Config{Lanes: jobs.Lanes, Concurrency: 12})
+	for range 12 {
+		_, err := r.Client().Dispatch(context.Background(), "test:job:mail", exportInput{Report: "welcome"}, &jobs.DispatchOptions{TenantID: "acme"})
+		require.NoError(t, err)
+	}
+	eventually(t, "twelve deliveries in flight", func() bool { return runs.Load() == 12 })
+	close(gate)
+	drained(t, r.Inspector())
+	require.Equal(t, int64(1), effects.Load())
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM handled WHERE key = 'mail:welcome'`))
+	require.Equal(t, float64(12), metric(t, b, "kumiko_jobs_succeeded_total", "job", "test:job:mail"))
+}

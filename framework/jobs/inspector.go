@@ -1,0 +1,292 @@
+package jobs
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/kumiko-go/kumiko/framework"
+)
+
+// State is a run's state in its queue.
+type State string
+
+// The states [Inspector.List] accepts.
+const (
+	StateArchived  State = "archived"
+	StatePending   State = "pending"
+	StateActive    State = "active"
+	StateScheduled State = "scheduled"
+	StateRetry     State = "retry"
+	StateCompleted State = "completed"
+)
+
+// States lists every state [Inspector.List] accepts.
+var States = []State{StateArchived, StatePending, StateActive, StateScheduled, StateRetry, StateCompleted}
+
+// ErrTaskNotFound is returned for a task id that is not in the lane's
+// queues.
+var ErrTaskNotFound = errors.New("jobs: task not found")
+
+// ErrNotRetryable is returned by [Inspector.Retry] for a run that is
+// pending, active or completed.
+var ErrNotRetryable = errors.New("jobs: only archived, retry and scheduled runs can be retried")
+
+// TaskInfo describes one run in a queue.
+type TaskInfo struct {
+	// ID is the task id.
+	ID string `json:"id"`
+	// Job is the qualified job name.
+	Job string `json:"job"`
+	// Lane is the lane of the run's queue.
+	Lane framework.RunIn `json:"lane"`
+	// Queue is the asynq queue.
+	Queue string `json:"queue"`
+	// State is the run's state.
+	State State `json:"state"`
+	// TenantID owns the run.
+	TenantID string `json:"tenantId"`
+	// Retried counts the failed runs so far.
+	Retried int `json:"retried"`
+	// MaxRetry is the job's retry limit.
+	MaxRetry int `json:"maxRetry"`
+	// LastError is the last failure's error ("" when none).
+	LastError string `json:"lastError,omitempty"`
+	// LastFailedAt is when it last failed (zero when never).
+	LastFailedAt time.Time `json:"lastFailedAt,omitzero"`
+	// NextProcessAt is when a scheduled or retry run is due.
+	NextProcessAt time.Time `json:"nextProcessAt,omitzero"`
+	// CorrelationID is the run's correlation id.
+	CorrelationID string `json:"correlationId,omitempty"`
+	// CausationID is the run's causation id.
+	CausationID string `json:"causationId,omitempty"`
+	// Input is the job's input: the dispatched payload, the triggering
+	// event's payload, or the tick.
+	Input json.RawMessage `json:"input,omitempty"`
+}
+
+// Inspector lists and retries runs in the lanes' queues, for `kumiko jobs`
+// and the admin API.
+type Inspector struct {
+	in     *asynq.Inspector
+	prefix string
+}
+
+// NewInspector returns an inspector of the queues under prefix ("" means
+// [DefaultQueuePrefix]) on rdb, which it never closes.
+func NewInspector(rdb redis.UniversalClient, prefix string) *Inspector {
+	return &Inspector{in: asynq.NewInspectorFromRedisClient(rdb), prefix: cmp.Or(prefix, DefaultQueuePrefix)}
+}
+
+// ListOptions select runs for [Inspector.List]. A nil *ListOptions means
+// the defaults.
+type ListOptions struct {
+	// State selects the runs. Defaults to StateArchived.
+	State State
+	// Lane limits the list to one lane. Defaults to both.
+	Lane framework.RunIn
+	// TenantID limits the list to one tenant's runs. Defaults to all.
+	TenantID string
+	// Limit is the most runs returned, between 1 and 1000. Defaults to 50.
+	Limit int
+}
+
+// scanLimit bounds how many runs per queue List reads while filtering.
+const scanLimit = 10000
+
+// List returns runs in one state, newest failures first for archived runs.
+// An unknown state or lane is an error naming the accepted ones.
+func (i *Inspector) List(ctx context.Context, opts *ListOptions) ([]TaskInfo, error) {
+	var o ListOptions
+	if opts != nil {
+		o = *opts
+	}
+	o.State = cmp.Or(o.State, StateArchived)
+	if !slices.Contains(States, o.State) {
+		return nil, fmt.Errorf("jobs: unknown state %q (want one of %s)", o.State, joinStates())
+	}
+	lanes, err := i.lanes(o.Lane)
+	if err != nil {
+		return nil, err
+	}
+	o.Limit = cmp.Or(o.Limit, 50)
+	if o.Limit < 1 || o.Limit > 1000 {
+		return nil, fmt.Errorf("jobs: limit %d is not between 1 and 1000", o.Limit)
+	}
+	list := i.lister(o.State)
+	out := []TaskInfo{}
+	for _, lane := range lanes {
+		for _, q := range i.queues(lane) {
+			for page := 1; (page-1)*100 < scanLimit && len(out) < o.Limit; page++ {
+				if err := ctx.Err(); err != nil {
+					return nil, err
+				}
+				infos, err := list(q, asynq.Page(page), asynq.PageSize(100))
+				if errors.Is(err, asynq.ErrQueueNotFound) {
+					break
+				}
+				if err != nil {
+					return nil, fmt.Errorf("jobs: list %s: %w", q, err)
+				}
+				for _, ti := range infos {
+					t := toTaskInfo(lane, ti)
+					if o.TenantID == "" || t.TenantID == o.TenantID {
+						out = append(out, t)
+					}
+					if len(out) == o.Limit {
+						break
+					}
+				}
+				if len(infos) < 100 {
+					break
+				}
+			}
+		}
+	}
+	if o.State == StateArchived {
+		slices.SortStableFunc(out, func(a, b TaskInfo) int { return b.LastFailedAt.Compare(a.LastFailedAt) })
+	}
+	return out, nil
+}
+
+// Get returns one run; lane "" searches both lanes. A missing run is
+// [ErrTaskNotFound].
+func (i *Inspector) Get(ctx context.Context, lane framework.RunIn, id string) (TaskInfo, error) {
+	lanes, err := i.lanes(lane)
+	if err != nil {
+		return TaskInfo{}, err
+	}
+	for _, l := range lanes {
+		for _, q := range i.queues(l) {
+			if err := ctx.Err(); err != nil {
+				return TaskInfo{}, err
+			}
+			ti, err := i.in.GetTaskInfo(q, id)
+			switch {
+			case errors.Is(err, asynq.ErrQueueNotFound), errors.Is(err, asynq.ErrTaskNotFound):
+				continue
+			case err != nil:
+				return TaskInfo{}, fmt.Errorf("jobs: get %s: %w", id, err)
+			}
+			return toTaskInfo(l, ti), nil
+		}
+	}
+	return TaskInfo{}, fmt.Errorf("%w: %s", ErrTaskNotFound, id)
+}
+
+// Retry puts an archived (or retry, or scheduled) run back on its queue to
+// run now and returns it as it was; lane "" searches both lanes. A missing
+// run is [ErrTaskNotFound], a pending, active or completed one
+// [ErrNotRetryable].
+func (i *Inspector) Retry(ctx context.Context, lane framework.RunIn, id string) (TaskInfo, error) {
+	t, err := i.Get(ctx, lane, id)
+	if err != nil {
+		return TaskInfo{}, err
+	}
+	switch t.State {
+	case StateArchived, StateRetry, StateScheduled:
+	default:
+		return t, fmt.Errorf("%w (%s is %s)", ErrNotRetryable, id, t.State)
+	}
+	if err := i.in.RunTask(t.Queue, id); err != nil {
+		if errors.Is(err, asynq.ErrTaskNotFound) {
+			return t, fmt.Errorf("%w: %s", ErrTaskNotFound, id)
+		}
+		return t, fmt.Errorf("jobs: retry %s: %w", id, err)
+	}
+	return t, nil
+}
+
+// Depth returns the runs waiting in a lane's queues: pending, scheduled and
+// due for retry.
+func (i *Inspector) Depth(ctx context.Context, lane framework.RunIn) (int, error) {
+	known, err := i.in.Queues()
+	if err != nil {
+		return 0, fmt.Errorf("jobs: queues: %w", err)
+	}
+	n := 0
+	for _, q := range i.queues(lane) {
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
+		if !slices.Contains(known, q) {
+			continue // never used
+		}
+		qi, err := i.in.GetQueueInfo(q)
+		if err != nil {
+			return 0, fmt.Errorf("jobs: queue %s: %w", q, err)
+		}
+		n += qi.Pending + qi.Scheduled + qi.Retry
+	}
+	return n, nil
+}
+
+// lanes resolves a lane filter ("" means both).
+func (i *Inspector) lanes(lane framework.RunIn) ([]framework.RunIn, error) {
+	switch lane {
+	case "":
+		return Lanes, nil
+	case framework.RunInAPI, framework.RunInWorker:
+		return []framework.RunIn{lane}, nil
+	}
+	return nil, fmt.Errorf("jobs: unknown lane %q (want api or worker)", lane)
+}
+
+// queues returns a lane's queues, highest priority first.
+func (i *Inspector) queues(lane framework.RunIn) []string {
+	return []string{QueueName(i.prefix, lane, PriorityHigh), QueueName(i.prefix, lane, PriorityDefault), QueueName(i.prefix, lane, PriorityLow)}
+}
+
+func (i *Inspector) lister(s State) func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error) {
+	switch s {
+	case StatePending:
+		return i.in.ListPendingTasks
+	case StateActive:
+		return i.in.ListActiveTasks
+	case StateScheduled:
+		return i.in.ListScheduledTasks
+	case StateRetry:
+		return i.in.ListRetryTasks
+	case StateCompleted:
+		return i.in.ListCompletedTasks
+	default:
+		return i.in.ListArchivedTasks
+	}
+}
+
+func toTaskInfo(lane framework.RunIn, ti *asynq.TaskInfo) TaskInfo {
+	t := TaskInfo{
+		ID: ti.ID, Job: ti.Type, Lane: lane, Queue: ti.Queue, State: State(ti.State.String()),
+		Retried: ti.Retried, MaxRetry: ti.MaxRetry, LastError: ti.LastErr, LastFailedAt: ti.LastFailedAt,
+		NextProcessAt: ti.NextProcessAt,
+		CorrelationID: ti.Headers[headerCorrelation], CausationID: ti.Headers[headerCausation],
+	}
+	if w, err := decodeWire(ti.Payload); err == nil {
+		t.TenantID = w.Tenant
+		switch {
+		case w.Event != nil:
+			t.Input = w.Event.Payload
+		case w.Tick != 0:
+			t.Input, _ = json.Marshal(map[string]any{"tick": time.Unix(w.Tick, 0).UTC()})
+		default:
+			t.Input = w.Payload
+		}
+	}
+	return t
+}
+
+func joinStates() string {
+	s := make([]string, len(States))
+	for i, st := range States {
+		s[i] = string(st)
+	}
+	return strings.Join(s, ", ")
+}

@@ -1,0 +1,340 @@
+package jobs
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/kumiko-go/kumiko/framework"
+	"github.com/kumiko-go/kumiko/framework/dispatcher"
+)
+
+// ConsumerName is the persistent name of the job-trigger consumer's cursor.
+const ConsumerName = "system:consumer:job-trigger"
+
+// Config tunes [New]. A nil *Config means the defaults: enqueue only.
+type Config struct {
+	// Lanes this process consumes (framework.RunInAPI and/or
+	// framework.RunInWorker): one asynq server per lane that has jobs.
+	// Defaults to none (the process only enqueues).
+	Lanes []framework.RunIn
+	// Scheduler runs the cron scheduler in this process (every worker does;
+	// the task ids make one run per tick). Defaults to false.
+	Scheduler bool
+	// QueuePrefix prefixes the lanes' queue names. Processes of one
+	// application must agree on it. Defaults to [DefaultQueuePrefix].
+	QueuePrefix string
+	// Concurrency is the number of runs at once per lane. Defaults to 10.
+	Concurrency int
+	// TaskCheckInterval is how often an idle lane asks Redis for work; it
+	// bounds the latency an idle lane adds. Defaults to 10ms.
+	TaskCheckInterval time.Duration
+	// RetryCheckInterval is how often runs whose retry delay passed are
+	// moved back to their queue. Defaults to 1s.
+	RetryCheckInterval time.Duration
+	// ShutdownTimeout bounds how long Run waits for runs in flight after
+	// its context ended; runs still going are put back on their queue.
+	// Defaults to 8s.
+	ShutdownTimeout time.Duration
+	// DedupRetention is how long a finished run of a derived task id
+	// (event, tick, transactional or keyed dispatch) is kept so that its id
+	// stays taken: a second enqueue of the same trigger within it is a
+	// duplicate. Defaults to 24h.
+	DedupRetention time.Duration
+	// EnqueueTimeout bounds one enqueue (so that the job-trigger consumer
+	// fails fast while Redis is unreachable). Defaults to 2s.
+	EnqueueTimeout time.Duration
+	// DepthInterval is how often the queue depth gauge of the consumed
+	// lanes is sampled. Defaults to 5s.
+	DepthInterval time.Duration
+	// Logger receives run failures and asynq's warnings. Defaults to
+	// discarding.
+	Logger *slog.Logger
+	// Metrics registers the kumiko_jobs_* collectors. Defaults to none.
+	Metrics prometheus.Registerer
+}
+
+// Runner runs a registry's jobs on Redis through asynq: it enqueues them
+// ([Runner.Client], [Runner.Consumer] for event triggers and transactional
+// dispatches, the cron scheduler) and consumes the configured lanes
+// ([Runner.Run]).
+type Runner struct {
+	set     *Set
+	rt      *framework.Runtime
+	rdb     redis.UniversalClient
+	cfg     Config
+	log     *slog.Logger
+	metrics *metrics
+	client  *Client
+}
+
+// New returns a runner for the jobs of rt's registry on the Redis client rdb
+// (which the runner never closes). It fails on an unknown lane or when the
+// metrics cannot be registered.
+func New(rt *framework.Runtime, rdb redis.UniversalClient, cfg *Config) (*Runner, error) {
+	if rt == nil || rdb == nil {
+		return nil, errors.New("jobs: New needs a runtime and a Redis client")
+	}
+	var c Config
+	if cfg != nil {
+		c = *cfg
+	}
+	for _, l := range c.Lanes {
+		if l != framework.RunInAPI && l != framework.RunInWorker {
+			return nil, fmt.Errorf("jobs: lane %q is not api or worker", l)
+		}
+	}
+	c.Lanes = slices.Compact(slices.Sorted(slices.Values(c.Lanes)))
+	c.QueuePrefix = cmp.Or(c.QueuePrefix, DefaultQueuePrefix)
+	c.Concurrency = cmp.Or(c.Concurrency, 10)
+	c.TaskCheckInterval = cmp.Or(c.TaskCheckInterval, 10*time.Millisecond)
+	c.RetryCheckInterval = cmp.Or(c.RetryCheckInterval, time.Second)
+	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, 8*time.Second)
+	c.DedupRetention = cmp.Or(c.DedupRetention, 24*time.Hour)
+	c.EnqueueTimeout = cmp.Or(c.EnqueueTimeout, 2*time.Second)
+	c.DepthInterval = cmp.Or(c.DepthInterval, 5*time.Second)
+	m, err := newMetrics(c.Metrics)
+	if err != nil {
+		return nil, err
+	}
+	r := &Runner{
+		set: For(rt.Registry()), rt: rt, rdb: rdb, cfg: c,
+		log:     cmp.Or(c.Logger, slog.New(slog.DiscardHandler)),
+		metrics: m,
+	}
+	r.client = &Client{
+		set: r.set, aq: asynq.NewClientFromRedisClient(rdb), prefix: c.QueuePrefix,
+		retention: c.DedupRetention, timeout: c.EnqueueTimeout, metrics: m, log: r.log,
+	}
+	return r, nil
+}
+
+// Set returns the runner's job set.
+func (r *Runner) Set() *Set { return r.set }
+
+// Client returns the runner's client, to dispatch manual jobs.
+func (r *Runner) Client() *Client { return r.client }
+
+// Inspector returns an inspector of the runner's queues.
+func (r *Runner) Inspector() *Inspector { return NewInspector(r.rdb, r.cfg.QueuePrefix) }
+
+// Consumer returns the shared system consumer system:consumer:job-trigger:
+// it reads the events that trigger jobs and the transactional dispatch
+// events, and enqueues each run under a task id derived from the job and the
+// event's position, so a re-read (a retried pass, a crash before the cursor
+// committed) enqueues nothing twice. While Redis is unreachable its enqueues
+// fail fast with an [*EnqueueError], which the dispatcher treats as
+// transient: the pass rolls back, the cursor waits with backoff, and the
+// consumer never turns dead for it. Other failures (a dispatch of a job this
+// build does not have) are dead-lettered so that they cannot block the
+// other jobs.
+func (r *Runner) Consumer() dispatcher.Consumer {
+	return dispatcher.Consumer{
+		Name:            ConsumerName,
+		EventTypes:      r.set.TriggerTypes(),
+		Apply:           r.apply,
+		System:          true,
+		SkipApplyErrors: true,
+		Transient:       IsTransient,
+	}
+}
+
+// apply enqueues the runs one event triggers.
+func (r *Runner) apply(ctx context.Context, _ *framework.Tx, env framework.Envelope) error {
+	pos := strconv.FormatInt(env.Position, 10)
+	hdr := map[string]string{
+		headerCorrelation: cmp.Or(env.Metadata.CorrelationID, pos),
+		headerCausation:   pos,
+		headerUser:        env.Metadata.UserID,
+	}
+	if env.Type == r.set.dispatchedType() {
+		var d Dispatched
+		if err := json.Unmarshal(env.Payload, &d); err != nil {
+			return fmt.Errorf("jobs: dispatch event %d: %w", env.Position, err)
+		}
+		j := r.set.Job(d.Job)
+		if j == nil || j.trigger != TriggerManual {
+			return fmt.Errorf("jobs: dispatch event %d: %w %q", env.Position, ErrUnknownJob, d.Job)
+		}
+		id := dispatchTaskID(j.name, env.Position)
+		if d.Key != "" {
+			id = keyTaskID(j.name, env.TenantID, d.Key)
+		}
+		_, err := r.client.enqueue(ctx, j, &wire{Tenant: env.TenantID, Payload: d.Payload}, id, hdr, true)
+		return err
+	}
+	jobs := r.set.forEvent(env.Type)
+	if len(jobs) == 0 {
+		return nil
+	}
+	hdr[headerEventAt] = env.CreatedAt.Format(time.RFC3339Nano)
+	w := &wire{Tenant: env.TenantID, Event: toWireEvent(env)}
+	for _, j := range jobs {
+		if _, err := r.client.enqueue(ctx, j, w, eventTaskID(j.name, env.Position), hdr, true); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Run consumes the configured lanes and runs the cron scheduler until ctx
+// ends, then stops pulling work, waits up to ShutdownTimeout for runs in
+// flight and returns nil. It fails only when a lane's server cannot start.
+// While Redis is unreachable the lanes keep retrying; nothing is lost.
+func (r *Runner) Run(ctx context.Context) error {
+	var servers []*asynq.Server
+	shutdown := func() {
+		var wg sync.WaitGroup
+		for _, s := range servers {
+			s.Stop()
+		}
+		for _, s := range servers {
+			wg.Go(s.Shutdown)
+		}
+		wg.Wait()
+	}
+	for _, lane := range r.cfg.Lanes {
+		jobs := r.set.InLane(lane)
+		if len(jobs) == 0 {
+			continue
+		}
+		mux := asynq.NewServeMux()
+		for _, j := range jobs {
+			mux.Handle(j.name, r.handler(lane, j))
+		}
+		srv := asynq.NewServerFromRedisClient(r.rdb, asynq.Config{
+			Concurrency:              r.cfg.Concurrency,
+			Queues:                   laneQueues(r.cfg.QueuePrefix, lane, jobs),
+			TaskCheckInterval:        r.cfg.TaskCheckInterval,
+			DelayedTaskCheckInterval: r.cfg.RetryCheckInterval,
+			RetryDelayFunc:           r.retryDelay,
+			ShutdownTimeout:          r.cfg.ShutdownTimeout,
+			Logger:                   asynqLogger{r.log},
+			LogLevel:                 asynq.WarnLevel,
+		})
+		if err := srv.Start(mux); err != nil {
+			shutdown()
+			return fmt.Errorf("jobs: start %s lane: %w", lane, err)
+		}
+		servers = append(servers, srv)
+		r.log.Info("job lane started", "lane", string(lane), "jobs", len(jobs), "concurrency", r.cfg.Concurrency)
+	}
+	var wg sync.WaitGroup
+	if r.cfg.Scheduler {
+		for _, j := range r.set.Jobs() {
+			if j.trigger == TriggerCron && j.sched != nil {
+				wg.Go(func() { r.runCron(ctx, j) })
+			}
+		}
+	}
+	if len(servers) > 0 {
+		wg.Go(func() { r.sampleDepth(ctx) })
+	}
+	<-ctx.Done()
+	wg.Wait()
+	shutdown()
+	return nil
+}
+
+// retryDelay is asynq's RetryDelayFunc: the job's Backoff for the
+// (n+1)-th failed run.
+func (r *Runner) retryDelay(n int, _ error, t *asynq.Task) time.Duration {
+	if j := r.set.Job(t.Type()); j != nil {
+		return j.opts.Backoff(n + 1)
+	}
+	return DefaultBackoff(n + 1)
+}
+
+// handler runs one job's tasks of a lane.
+func (r *Runner) handler(lane framework.RunIn, j *Job) asynq.HandlerFunc {
+	return func(ctx context.Context, t *asynq.Task) (err error) {
+		start := time.Now()
+		jc := &Context{Job: j.name, Lane: lane, rt: r.rt, client: r.client}
+		jc.TaskID, _ = asynq.GetTaskID(ctx)
+		jc.Retry, _ = asynq.GetRetryCount(ctx)
+		jc.MaxRetry, _ = asynq.GetMaxRetry(ctx)
+		h := t.Headers()
+		jc.CorrelationID, jc.CausationID, jc.UserID = h[headerCorrelation], h[headerCausation], h[headerUser]
+		if v := h[headerEventAt]; v != "" {
+			if at, perr := time.Parse(time.RFC3339Nano, v); perr == nil {
+				r.metrics.eventToStart.WithLabelValues(string(lane), j.name).Observe(start.Sub(at).Seconds())
+			}
+		}
+		defer func() {
+			if v := recover(); v != nil {
+				err = fmt.Errorf("jobs: %s: panic: %v", j.name, v)
+			}
+			r.finish(jc, start, err)
+		}()
+		jc.CorrelationID = cmp.Or(jc.CorrelationID, jc.TaskID)
+		return j.run(ctx, jc, t.Payload())
+	}
+}
+
+// finish counts and logs a run's outcome.
+func (r *Runner) finish(jc *Context, start time.Time, err error) {
+	lane, job := string(jc.Lane), jc.Job
+	if err == nil {
+		r.metrics.succeeded.WithLabelValues(lane, job).Inc()
+		if r.log.Enabled(context.Background(), slog.LevelDebug) {
+			r.log.Debug("job succeeded", r.attrs(jc, start)...)
+		}
+		return
+	}
+	attrs := r.attrs(jc, start)
+	r.metrics.failed.WithLabelValues(lane, job).Inc()
+	attrs = append(attrs, "error", err)
+	if errors.Is(err, SkipRetry) || jc.Retry >= jc.MaxRetry {
+		r.metrics.archived.WithLabelValues(lane, job).Inc()
+		r.log.Error("job archived", attrs...)
+		return
+	}
+	r.metrics.retried.WithLabelValues(lane, job).Inc()
+	r.log.Warn("job failed, will retry", attrs...)
+}
+
+// attrs are the log attributes of a run.
+func (r *Runner) attrs(jc *Context, start time.Time) []any {
+	return []any{"job", jc.Job, "lane", string(jc.Lane), "task_id", jc.TaskID, "tenant_id", jc.TenantID,
+		"correlation_id", jc.CorrelationID, "causation_id", jc.CausationID, "retry", jc.Retry,
+		"duration_ms", float64(time.Since(start).Microseconds()) / 1000}
+}
+
+// sampleDepth refreshes the queue depth gauge of the consumed lanes.
+func (r *Runner) sampleDepth(ctx context.Context) {
+	in := r.Inspector()
+	t := time.NewTicker(r.cfg.DepthInterval)
+	defer t.Stop()
+	for {
+		for _, lane := range r.cfg.Lanes {
+			if d, err := in.Depth(ctx, lane); err == nil {
+				r.metrics.depth.WithLabelValues(string(lane)).Set(float64(d))
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// asynqLogger routes asynq's logs to slog with static messages.
+type asynqLogger struct{ log *slog.Logger }
+
+func (l asynqLogger) Debug(args ...any) { l.log.Debug("asynq debug", "detail", fmt.Sprint(args...)) }
+func (l asynqLogger) Info(args ...any)  { l.log.Debug("asynq info", "detail", fmt.Sprint(args...)) }
+func (l asynqLogger) Warn(args ...any)  { l.log.Warn("asynq warning", "detail", fmt.Sprint(args...)) }
+func (l asynqLogger) Error(args ...any) { l.log.Error("asynq error", "detail", fmt.Sprint(args...)) }
+func (l asynqLogger) Fatal(args ...any) { l.log.Error("asynq fatal", "detail", fmt.Sprint(args...)) }
