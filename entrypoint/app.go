@@ -23,8 +23,10 @@ import (
 
 	"github.com/kumiko-go/kumiko/config"
 	"github.com/kumiko-go/kumiko/framework"
+	"github.com/kumiko-go/kumiko/framework/admin"
 	"github.com/kumiko-go/kumiko/framework/auth"
 	"github.com/kumiko-go/kumiko/framework/dispatcher"
+	"github.com/kumiko-go/kumiko/framework/sse"
 	"github.com/kumiko-go/kumiko/framework/web"
 )
 
@@ -53,6 +55,17 @@ type Options struct {
 	// InstanceID overrides Config.InstanceID. Defaults to the config's
 	// value, else a random id.
 	InstanceID string
+	// Routes adds the application's own routes (pages, webhooks) to the
+	// HTTP server of the api and all-in-one modes; they get request ids,
+	// the error envelope and the HTTP metrics. Defaults to none.
+	Routes func(s *web.Server)
+	// ReadyMaxLag, when positive, makes /health/ready fail while a consumer
+	// this process runs has more than this many events after its cursor.
+	// Defaults to 0 (lag is not checked).
+	ReadyMaxLag int64
+	// SSE tunes the live stream of the api and all-in-one modes (Logger and
+	// Metrics are the process's). Defaults to the sse package's defaults.
+	SSE *sse.Config
 }
 
 // App is one built process. Build it with [New], run it with [App.Run].
@@ -69,19 +82,24 @@ type App struct {
 	reg      *framework.Registry
 	rt       *framework.Runtime
 	disp     *dispatcher.Dispatcher
+	jobs     *appJobs // entrypoint/jobs.go
 	web      *web.Server
+	hub      *sse.Hub
 	metrics  *prometheus.Registry
 	httpSrv  *http.Server
+	maxLag   int64
+	reads    *appReads // entrypoint/reads.go
 
 	state    atomic.Value // State
 	hooksMu  sync.Mutex
 	shutdown []func(context.Context) error
+	hooksRan bool
 }
 
 // New builds the process of cfg.Mode: pools, registry, runtime, consumers
 // and HTTP server. It fails at boot with every registration problem, and on
 // a reserved instance id.
-func New(ctx context.Context, opts Options) (*App, error) {
+func New(ctx context.Context, opts Options) (_ *App, err error) {
 	if opts.Config == nil || opts.Register == nil {
 		return nil, errors.New("entrypoint: Config and Register are required")
 	}
@@ -93,8 +111,15 @@ func New(ctx context.Context, opts Options) (*App, error) {
 		instanceID: cmp.Or(opts.InstanceID, cfg.InstanceID, randomID()),
 		migrations: opts.Migrations,
 		metrics:    prometheus.NewRegistry(),
+		maxLag:     opts.ReadyMaxLag,
 	}
 	a.state.Store(StateStarting)
+	defer func() {
+		if err != nil {
+			// Release what was opened before the failure (pools, clients).
+			a.runHooks(context.Background())
+		}
+	}()
 	if a.instanceID == dispatcher.SharedInstance {
 		return nil, dispatcher.ErrReservedInstance
 	}
@@ -104,6 +129,10 @@ func New(ctx context.Context, opts Options) (*App, error) {
 	opts.Register(a.reg)
 	if err := a.reg.Build(); err != nil {
 		return nil, fmt.Errorf("entrypoint: features: %w", err)
+	}
+	// Jobs (entrypoint/jobs.go): boot validation of the declared jobs.
+	if err := a.validateJobs(); err != nil {
+		return nil, err
 	}
 
 	pc, err := cfg.PoolConfig()
@@ -133,7 +162,29 @@ func New(ctx context.Context, opts Options) (*App, error) {
 		return nil, fmt.Errorf("entrypoint: runtime: %w", err)
 	}
 
+	if a.mode != config.ModeWorker {
+		// The live stream: a hub fed by this instance's own consumer.
+		sc := sse.Config{}
+		if opts.SSE != nil {
+			sc = *opts.SSE
+		}
+		sc.Logger, sc.Metrics = a.log, a.metrics
+		if a.hub, err = sse.New(a.pool, a.reg, &sc); err != nil {
+			return nil, fmt.Errorf("entrypoint: %w", err)
+		}
+		a.onShutdown(func(context.Context) error { a.hub.Close(); return nil })
+	}
 	consumers := a.consumers()
+	// Jobs (entrypoint/jobs.go): the runner of this mode and the
+	// job-trigger consumer.
+	if consumers, err = a.setupJobs(consumers); err != nil {
+		return nil, err
+	}
+	// Reads (entrypoint/reads.go): replica routing, the entity cache and
+	// its invalidation consumer, the idempotency store.
+	if consumers, err = a.setupReads(consumers); err != nil {
+		return nil, err
+	}
 	if len(consumers) > 0 || a.mode != config.ModeWorker {
 		a.disp, err = dispatcher.New(a.pool, a.reg, consumers, &dispatcher.Config{
 			InstanceID:   a.instanceID,
@@ -159,8 +210,17 @@ func New(ctx context.Context, opts Options) (*App, error) {
 		if err != nil {
 			return nil, fmt.Errorf("entrypoint: JWT_SECRET: %w", err)
 		}
-		a.web = web.New(a.rt, ring, &web.Config{Logger: a.log})
+		a.web = web.New(a.rt, ring, &web.Config{Logger: a.log, Metrics: a.metrics})
+		a.web.SetIdempotency(a.idempotency()) // entrypoint/reads.go
 		a.mountHealth(a.web.Echo())
+		a.hub.Mount(a.web)
+		admin.Mount(a.web.Echo(), a.web.Authenticate, a.pool) // consumer ops API + /admin page (framework/admin)
+		if a.mode == config.ModeAllInOne && cfg.Dev {
+			a.mountDevToken(a.web.Echo(), ring)
+		}
+		if opts.Routes != nil {
+			opts.Routes(a.web)
+		}
 		a.httpSrv = &http.Server{Addr: cfg.HTTPAddr, Handler: a.web.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	case config.ModeWorker:
 		if a.disp == nil {
@@ -182,6 +242,9 @@ func (a *App) consumers() []dispatcher.Consumer {
 		if a.runs(p.Options().RunIn, c.Delivery) {
 			out = append(out, c)
 		}
+	}
+	if a.hub != nil {
+		out = append(out, a.hub.Consumer())
 	}
 	return out
 }
@@ -210,6 +273,9 @@ func (a *App) Pool() *pgxpool.Pool { return a.pool }
 // Redis returns the Redis client.
 func (a *App) Redis() *redis.Client { return a.redis }
 
+// Hub returns the SSE hub (nil in worker mode).
+func (a *App) Hub() *sse.Hub { return a.hub }
+
 // Dispatcher returns the process's dispatcher (nil when it runs none).
 func (a *App) Dispatcher() *dispatcher.Dispatcher { return a.disp }
 
@@ -236,13 +302,40 @@ func (a *App) onShutdown(fn func(context.Context) error) {
 // dispatcher stopped; hooks run in reverse order of registration.
 func (a *App) OnShutdown(fn func(context.Context) error) { a.onShutdown(fn) }
 
+// runHooks runs the shutdown hooks once, last registered first; a failing
+// hook is logged and the others still run.
+func (a *App) runHooks(ctx context.Context) {
+	a.hooksMu.Lock()
+	hooks := a.shutdown
+	ran := a.hooksRan
+	a.hooksRan = true
+	a.hooksMu.Unlock()
+	if ran {
+		return
+	}
+	for i := len(hooks) - 1; i >= 0; i-- {
+		if err := hooks[i](ctx); err != nil {
+			a.log.Warn("shutdown hook failed", "error", err)
+		}
+	}
+}
+
+// Close releases the resources of an App that was built but will not be
+// run (Run releases them itself when it returns): it runs the shutdown
+// hooks, which close the pools and clients.
+func (a *App) Close(ctx context.Context) {
+	a.runHooks(ctx)
+	a.state.Store(StateStopped)
+}
+
 // ErrDrainTimeout is returned by Run when draining took longer than the
 // configured drain timeout.
 var ErrDrainTimeout = errors.New("entrypoint: drain timeout exceeded")
 
-// Run serves until ctx ends, then drains: readiness turns 503 at once,
-// in-flight requests finish, the dispatcher finishes its pass, the pools
-// close. It returns nil on a clean shutdown, ErrDrainTimeout when the drain
+// Run serves until ctx ends, then drains: readiness turns 503 at once, SSE
+// streams end cleanly, in-flight requests finish, the dispatcher finishes
+// its pass, the shutdown hooks run (in reverse order of registration) and
+// the pools close. It returns nil on a clean shutdown, ErrDrainTimeout when the drain
 // timeout fired, or the error that stopped the process.
 func (a *App) Run(ctx context.Context) error {
 	ln, err := net.Listen("tcp", a.httpSrv.Addr)
@@ -261,11 +354,18 @@ func (a *App) Serve(ctx context.Context, ln net.Listener) error {
 	var wg sync.WaitGroup
 	if a.disp != nil {
 		wg.Go(func() {
+			// The hub's position must be set before its consumer's first
+			// pass (see sse.Hub.Prime).
+			if a.hub != nil && !a.primeHub(workCtx) {
+				return
+			}
 			if err := a.disp.Run(workCtx); err != nil {
 				errc <- fmt.Errorf("dispatcher: %w", err)
 			}
 		})
 	}
+	// Jobs (entrypoint/jobs.go): admin API, asynq lanes, cron scheduler.
+	a.runJobs(workCtx, &wg, errc)
 	wg.Go(func() {
 		if err := a.httpSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			errc <- fmt.Errorf("http: %w", err)
@@ -287,17 +387,15 @@ func (a *App) Serve(ctx context.Context, ln net.Listener) error {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		if a.hub != nil {
+			// Open streams never go idle: end them first, or Shutdown
+			// would wait for them until the drain timeout.
+			a.hub.Close()
+		}
 		_ = a.httpSrv.Shutdown(drainCtx)
 		stopWork()
 		wg.Wait()
-		a.hooksMu.Lock()
-		hooks := a.shutdown
-		a.hooksMu.Unlock()
-		for i := len(hooks) - 1; i >= 0; i-- {
-			if err := hooks[i](drainCtx); err != nil {
-				a.log.Warn("shutdown hook failed", "error", err)
-			}
-		}
+		a.runHooks(drainCtx)
 	}()
 	select {
 	case <-done:
@@ -309,6 +407,28 @@ func (a *App) Serve(ctx context.Context, ln net.Listener) error {
 	a.state.Store(StateStopped)
 	a.log.Info("process stopped")
 	return runErr
+}
+
+// primeHub positions the SSE hub, retrying while the database is
+// unreachable; it reports false when ctx ended first.
+func (a *App) primeHub(ctx context.Context) bool {
+	backoff := 100 * time.Millisecond
+	for {
+		err := a.hub.Prime(ctx, a.instanceID)
+		if err == nil {
+			return true
+		}
+		if ctx.Err() != nil || errors.Is(err, sse.ErrClosed) {
+			return false
+		}
+		a.log.Warn("sse prime failed", "error", err, "retry_in", backoff.String())
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
 }
 
 func randomID() string {

@@ -2,10 +2,40 @@
 // feature list: the API process, the worker, or both in one (APP_MODE), with
 // the lifecycle starting → ready → draining → stopped.
 //
+// # Modes
+//
 // What each mode runs (ARCHITECTURE.md §7):
 //
-//	mode        HTTP API   shared consumers          per-instance consumers
-//	api         yes        runIn api/both            yes
-//	worker      health     runIn worker/both         no
-//	all-in-one  yes        all                       yes
+//	mode        HTTP                     shared consumers    per-instance consumers (SSE)  job lanes
+//	api         API, SSE, health         runIn api/both      yes                           api, only with RunLocalJobs
+//	worker      health + metrics only    runIn worker/both   no                            worker
+//	all-in-one  API, SSE, health         all                 yes                           api and worker
+//
+// A worker with nothing to run refuses to boot. The API and all-in-one
+// processes build an SSE hub ([sse.Hub]) fed by the per-instance consumer
+// system:consumer:sse-broadcast and serve GET /api/sse; the all-in-one
+// process with Config.Dev (KUMIKO_DEV=1) also serves GET /dev/token, the
+// demo page's development token, and no other mode ever does.
+// Options.Routes adds the application's own routes (the sample app's demo
+// page).
+//
+// # Lifecycle
+//
+// [App.Run] serves until its context ends (SIGTERM or SIGINT in `kumiko
+// serve`), then drains: readiness turns 503 at once and the listener stops
+// accepting, open SSE streams end cleanly, in-flight requests finish, the
+// dispatcher finishes its pass, the job lanes shut down, the shutdown hooks
+// run in reverse order of registration and the pools close. It returns nil
+// (exit 0), or [ErrDrainTimeout] (exit 1) when Config.DrainTimeout fired
+// first.
+//
+// # Health
+//
+// GET /health/live answers 200 while the process runs. GET /health/ready
+// answers {status, state, checks:[{name, ok, latencyMs, error?}]} within
+// 2 s: database, redis, migrations, sse (the hub is positioned) and, with
+// Options.ReadyMaxLag, consumer_lag; 503 unless every check passed and the
+// state is ready. GET /metrics serves the process's Prometheus registry
+// (Go and process collectors, HTTP, dispatcher, SSE, jobs metrics). A worker
+// serves the three on WORKER_HTTP_ADDR.
 package entrypoint

@@ -2,7 +2,10 @@ package entrypoint
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -51,13 +54,25 @@ func (a *App) mountHealth(e *echo.Echo) {
 func (a *App) Ready(ctx context.Context) Readiness {
 	ctx, cancel := context.WithTimeout(ctx, readyBudget)
 	defer cancel()
-	checks := []struct {
+	type check struct {
 		name string
 		fn   func(context.Context) error
-	}{
+	}
+	checks := []check{
 		{"database", func(ctx context.Context) error { return a.pool.Ping(ctx) }},
 		{"redis", func(ctx context.Context) error { return a.redis.Ping(ctx).Err() }},
 		{"migrations", func(ctx context.Context) error { return migrate.Check(ctx, a.pool, a.migrations) }},
+	}
+	if a.hub != nil {
+		checks = append(checks, check{"sse", func(context.Context) error {
+			if !a.hub.Ready() {
+				return errors.New("the live stream is not positioned yet (database unreachable at start?)")
+			}
+			return nil
+		}})
+	}
+	if a.maxLag > 0 && a.disp != nil {
+		checks = append(checks, check{"consumer_lag", a.checkLag})
 	}
 	out := make([]Check, len(checks))
 	var wg sync.WaitGroup
@@ -89,4 +104,42 @@ func (a *App) Ready(ctx context.Context) Readiness {
 		}
 	}
 	return r
+}
+
+// lagSQL counts, per consumer of this process, the events after its cursor
+// (of its types), stopping at limit.
+const lagSQL = `SELECT c.name, (SELECT count(*) FROM (
+    SELECT 1 FROM events e
+    WHERE (e.commit_key, e.position) > (c.cursor_commit_key, c.cursor_position)
+      AND (c.event_types IS NULL OR e.type = ANY(c.event_types))
+    LIMIT $3) x)
+FROM event_consumers c
+WHERE c.name = ANY($1) AND c.instance_id IN ('__shared__', $2) AND c.status <> 'disabled'`
+
+// checkLag fails when a consumer of this process lags more than ReadyMaxLag
+// events behind the log.
+func (a *App) checkLag(ctx context.Context) error {
+	rows, err := a.pool.Query(ctx, lagSQL, a.disp.Consumers(), a.instanceID, a.maxLag+1)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	var behind []string
+	for rows.Next() {
+		var name string
+		var lag int64
+		if err := rows.Scan(&name, &lag); err != nil {
+			return err
+		}
+		if lag > a.maxLag {
+			behind = append(behind, fmt.Sprintf("%s lags more than %d events", name, a.maxLag))
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	if len(behind) > 0 {
+		return errors.New(strings.Join(behind, "; "))
+	}
+	return nil
 }

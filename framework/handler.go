@@ -40,6 +40,9 @@ type QueryOptions struct {
 	// Roles the caller must all have (403 access_denied otherwise).
 	// Defaults to none.
 	Roles []string
+	// Cache declares the query a cached single-entity read ([CacheBy]).
+	// Defaults to nil: every call reads the database.
+	Cache *QueryCache
 }
 
 // writeDef is the erased write handler.
@@ -59,6 +62,7 @@ type queryDef struct {
 	qualified string
 	roles     []string
 	run       func(ctx context.Context, tx *Tx, payload json.RawMessage) (any, error)
+	cache     *cachedQuery
 }
 
 // Write registers the write handler "<feature>:write:<name>". In is the
@@ -129,6 +133,9 @@ func Query[In, Out any](f *Feature, name string, h QueryHandler[In, Out], opts *
 		f.reg.problem("query %s has a nil handler", q)
 	}
 	def := &queryDef{qualified: q, roles: opts.Roles}
+	if opts.Cache != nil {
+		def.cache = bindCache[In, Out](f, q, opts.Cache)
+	}
 	def.run = func(ctx context.Context, tx *Tx, payload json.RawMessage) (any, error) {
 		var in In
 		if err := DecodePayload(payload, &in); err != nil {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kumiko-go/kumiko/framework/tenancy"
@@ -24,6 +25,15 @@ type RuntimeConfig struct {
 	// OnCommit is called after every commit that wrote events, with their
 	// number (the dispatcher's wake-up). Defaults to nothing.
 	OnCommit func(events int)
+	// ReadRouter picks the connection of every query (a replica, or the
+	// primary for a consistency token the replica has not replayed yet).
+	// Defaults to ReadPool for queries without a token and the primary for
+	// queries with one.
+	ReadRouter ReadRouter
+	// QueryCache stores the results of queries declared with
+	// [QueryOptions].Cache. Defaults to none: such queries always read the
+	// database.
+	QueryCache QueryCacheStore
 }
 
 // Runtime executes write commands, queries and framework work against the
@@ -35,6 +45,8 @@ type Runtime struct {
 	logger   *slog.Logger
 	onCommit []func(int)
 	inline   map[string][]*Projection
+	router   ReadRouter
+	cache    QueryCacheStore
 }
 
 // NewRuntime builds the registry (failing with every registration problem)
@@ -46,7 +58,8 @@ func NewRuntime(reg *Registry, pool *pgxpool.Pool, cfg *RuntimeConfig) (*Runtime
 	if cfg == nil {
 		cfg = &RuntimeConfig{}
 	}
-	rt := &Runtime{reg: reg, pool: pool, readPool: cfg.ReadPool, logger: cfg.Logger, inline: map[string][]*Projection{}}
+	rt := &Runtime{reg: reg, pool: pool, readPool: cfg.ReadPool, logger: cfg.Logger, inline: map[string][]*Projection{},
+		router: cfg.ReadRouter, cache: cfg.QueryCache}
 	if rt.readPool == nil {
 		rt.readPool = pool
 	}
@@ -76,6 +89,14 @@ func (rt *Runtime) Pool() *pgxpool.Pool { return rt.pool }
 // Call it before the runtime serves requests.
 func (rt *Runtime) OnCommit(fn func(events int)) { rt.onCommit = append(rt.onCommit, fn) }
 
+// SetReadRouter sets [RuntimeConfig].ReadRouter. Call it before the runtime
+// serves requests.
+func (rt *Runtime) SetReadRouter(r ReadRouter) { rt.router = r }
+
+// SetQueryCache sets [RuntimeConfig].QueryCache. Call it before the runtime
+// serves requests.
+func (rt *Runtime) SetQueryCache(c QueryCacheStore) { rt.cache = c }
+
 // Call describes who runs a command and why.
 type Call struct {
 	// Principal is the authenticated caller; its TenantID scopes the
@@ -89,6 +110,10 @@ type Call struct {
 	CausationID string
 	// IdempotencyKey is recorded in the metadata of appended events.
 	IdempotencyKey string
+	// ConsistencyToken is the token of an earlier write (see
+	// [Runtime.WriteWithToken]); a query that carries one reads that write
+	// or a later state, and skips the query cache.
+	ConsistencyToken string
 }
 
 func (c Call) metadata() Metadata {
@@ -147,23 +172,41 @@ func checkRoles(p Principal, roles []string, typ string) error {
 // of them commit, or none. With several commands a failure is a
 // *[BatchError] naming the index. It returns each command's result.
 func (rt *Runtime) Write(ctx context.Context, call Call, cmds []Command) ([]any, error) {
+	out, _, err := rt.write(ctx, call, cmds, false)
+	return out, err
+}
+
+// WriteWithToken is [Runtime.Write] that also returns the commit's
+// consistency token: the primary's WAL insert position read on the same
+// connection right after the COMMIT (pipelined with it, no extra round
+// trip), so it is at or after the commit record. A query whose
+// [Call].ConsistencyToken carries it sees this write.
+func (rt *Runtime) WriteWithToken(ctx context.Context, call Call, cmds []Command) ([]any, string, error) {
+	return rt.write(ctx, call, cmds, true)
+}
+
+func (rt *Runtime) write(ctx context.Context, call Call, cmds []Command, withToken bool) ([]any, string, error) {
 	defs := make([]*writeDef, len(cmds))
 	for i, c := range cmds {
 		d := rt.reg.writes[c.Type]
 		if d == nil {
-			return nil, rt.batchErr(len(cmds), i, unknownType("write", c.Type, rt.reg.WriteTypes()))
+			return nil, "", rt.batchErr(len(cmds), i, unknownType("write", c.Type, rt.reg.WriteTypes()))
 		}
 		if err := checkRoles(call.Principal, d.roles, c.Type); err != nil {
-			return nil, rt.batchErr(len(cmds), i, err)
+			return nil, "", rt.batchErr(len(cmds), i, err)
 		}
 		defs[i] = d
 	}
 	if call.Principal.TenantID == "" {
-		return nil, &Error{Code: CodeUnauthorized, Message: "no tenant"}
+		return nil, "", &Error{Code: CodeUnauthorized, Message: "no tenant"}
+	}
+	var token *string
+	if withToken {
+		token = new(string)
 	}
 	results := make([]any, len(cmds))
 	var afters []func(context.Context)
-	_, err := rt.inTx(ctx, call.Principal.TenantID, call.Principal, call.metadata(), false, func(ctx context.Context, tx *Tx) error {
+	_, err := rt.inTx(ctx, call.Principal.TenantID, call.Principal, call.metadata(), token, func(ctx context.Context, tx *Tx) error {
 		for i, c := range cmds {
 			out, after, err := defs[i].run(ctx, tx, c.Payload)
 			if err == nil && (defs[i].post != nil || rt.needsInline(tx)) {
@@ -188,12 +231,15 @@ func (rt *Runtime) Write(ctx context.Context, call Call, cmds []Command) ([]any,
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	for _, a := range afters {
 		a(ctx)
 	}
-	return results, nil
+	if token == nil {
+		return results, "", nil
+	}
+	return results, *token, nil
 }
 
 func (rt *Runtime) batchErr(n, i int, err error) error {
@@ -248,7 +294,11 @@ func (rt *Runtime) runInline(ctx context.Context, tx *Tx) error {
 }
 
 // Query runs a query handler in a read-only transaction of the caller's
-// tenant on the read pool.
+// tenant on the read pool (see [RuntimeConfig].ReadRouter). A query
+// declared with [QueryOptions].Cache is answered from the query cache when
+// it holds the entity, and fills it otherwise; a call with a
+// ConsistencyToken skips the cache and reads at or after the token's write.
+// A malformed token is a bad_request *[Error].
 func (rt *Runtime) Query(ctx context.Context, call Call, cmd Command) (any, error) {
 	d := rt.reg.queries[cmd.Type]
 	if d == nil {
@@ -260,24 +310,73 @@ func (rt *Runtime) Query(ctx context.Context, call Call, cmd Command) (any, erro
 	if call.Principal.TenantID == "" {
 		return nil, &Error{Code: CodeUnauthorized, Message: "no tenant"}
 	}
+	if call.ConsistencyToken != "" && !ValidConsistencyToken(call.ConsistencyToken) {
+		return nil, &Error{Code: CodeBadRequest, Message: "malformed consistency token: send back the token of a write response unchanged"}
+	}
+	if d.cache != nil && rt.cache != nil && call.ConsistencyToken == "" {
+		return rt.cachedQuery(ctx, call, d, cmd.Payload)
+	}
+	return rt.query(ctx, call, d, cmd.Payload, call.ConsistencyToken)
+}
+
+// query runs d on a read connection for token.
+func (rt *Runtime) query(ctx context.Context, call Call, d *queryDef, payload json.RawMessage, token string) (any, error) {
+	conn, err := rt.acquireRead(ctx, token)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Release()
 	var out any
-	_, err := rt.run(ctx, rt.readPool, call.Principal.TenantID, call.Principal, call.metadata(), true, func(ctx context.Context, tx *Tx) error {
+	_, err = rt.runOn(ctx, conn, call.Principal.TenantID, call.Principal, call.metadata(), true, nil, func(ctx context.Context, tx *Tx) error {
 		var err error
-		out, err = d.run(ctx, tx, cmd.Payload)
+		out, err = d.run(ctx, tx, payload)
 		return err
 	})
 	return out, err
+}
+
+// acquireRead returns the connection a query with token runs on.
+func (rt *Runtime) acquireRead(ctx context.Context, token string) (*pgxpool.Conn, error) {
+	if rt.router != nil {
+		conn, err := rt.router.AcquireRead(ctx, token)
+		if err != nil {
+			var fe *Error
+			if errors.As(err, &fe) {
+				return nil, err
+			}
+			return nil, &Error{Code: CodeUnavailable, Message: "database unavailable", Err: err}
+		}
+		return conn, nil
+	}
+	pool := rt.readPool
+	if token != "" {
+		// Without a router nobody knows how far a replica is: the
+		// primary has every write.
+		pool = rt.pool
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, &Error{Code: CodeUnavailable, Message: "database unavailable", Err: err}
+	}
+	return conn, nil
 }
 
 // InTx runs fn in a transaction scoped to tenant (SystemTenantID: all
 // tenants) with the given metadata, writes its buffered events (running
 // inline projections) and commits. It returns the number of events written.
 func (rt *Runtime) InTx(ctx context.Context, tenant string, meta Metadata, fn func(ctx context.Context, tx *Tx) error) (int, error) {
-	return rt.inTx(ctx, tenant, Principal{UserID: meta.UserID, TenantID: tenant}, meta, false, fn)
+	return rt.inTx(ctx, tenant, Principal{UserID: meta.UserID, TenantID: tenant}, meta, nil, fn)
 }
 
-func (rt *Runtime) inTx(ctx context.Context, tenant string, p Principal, meta Metadata, readOnly bool, fn func(ctx context.Context, tx *Tx) error) (int, error) {
-	return rt.run(ctx, rt.pool, tenant, p, meta, readOnly, func(ctx context.Context, tx *Tx) error {
+// inTx runs fn in a writing transaction on the primary; a non-nil token
+// receives the commit's consistency token.
+func (rt *Runtime) inTx(ctx context.Context, tenant string, p Principal, meta Metadata, token *string, fn func(ctx context.Context, tx *Tx) error) (int, error) {
+	conn, err := rt.pool.Acquire(ctx)
+	if err != nil {
+		return 0, &Error{Code: CodeUnavailable, Message: "database unavailable", Err: err}
+	}
+	defer conn.Release()
+	return rt.runOn(ctx, conn, tenant, p, meta, false, token, func(ctx context.Context, tx *Tx) error {
 		if err := fn(ctx, tx); err != nil {
 			return err
 		}
@@ -288,32 +387,56 @@ func (rt *Runtime) inTx(ctx context.Context, tenant string, p Principal, meta Me
 	})
 }
 
-// run acquires a connection, begins a scoped transaction, runs fn and
-// commits, pipelining buffered appends with the COMMIT.
-func (rt *Runtime) run(ctx context.Context, pool *pgxpool.Pool, tenant string, p Principal, meta Metadata, readOnly bool, fn func(ctx context.Context, tx *Tx) error) (int, error) {
-	conn, err := pool.Acquire(ctx)
+// runOn begins a scoped transaction on conn, runs fn and commits,
+// pipelining buffered appends with the COMMIT. A non-nil token receives the
+// WAL insert position read right after the COMMIT in the same pipeline.
+func (rt *Runtime) runOn(ctx context.Context, conn *pgxpool.Conn, tenant string, p Principal, meta Metadata, readOnly bool, token *string, fn func(ctx context.Context, tx *Tx) error) (int, error) {
+	// BEGIN and the tenant scope travel with the transaction's first
+	// statement (or with the COMMIT batch): one round trip less.
+	lz, err := tenancy.BeginLazy(conn.Conn(), tenant, tenancy.Options{ReadOnly: readOnly})
 	if err != nil {
-		return 0, &Error{Code: CodeUnavailable, Message: "database unavailable", Err: err}
-	}
-	defer conn.Release()
-	if err := tenancy.Begin(ctx, conn, tenant, tenancy.Options{ReadOnly: readOnly}); err != nil {
-		rollback(conn.Conn())
 		return 0, err
 	}
-	tx := newTx(conn.Conn(), rt.reg, tenant, p, meta, readOnly)
+	tx := newTx(lz, rt.reg, tenant, p, meta, readOnly)
 	if err := fn(ctx, tx); err != nil {
-		rollback(conn.Conn())
+		if lz.Begun() {
+			rollback(conn.Conn())
+		}
 		return 0, err
 	}
 	b := &pgx.Batch{}
 	if err := tx.queueFlush(b); err != nil {
-		rollback(conn.Conn())
+		if lz.Begun() {
+			rollback(conn.Conn())
+		}
 		return 0, err
 	}
-	b.Queue("COMMIT")
-	if err := conn.SendBatch(ctx, b).Close(); err != nil {
-		rollback(conn.Conn())
-		return 0, err
+	committed := false
+	b.Queue("COMMIT").Exec(func(ct pgconn.CommandTag) error {
+		if ct.String() != "COMMIT" {
+			// A statement of the transaction failed and fn went on:
+			// PostgreSQL answers the COMMIT of an aborted transaction
+			// with ROLLBACK, and no error.
+			return errAbortedCommit
+		}
+		committed = true
+		return nil
+	})
+	if token != nil {
+		// After a successful COMMIT, in a new implicit transaction; a
+		// failed COMMIT skips it. The insert position is past the commit
+		// record whatever synchronous_commit is.
+		b.Queue(walPositionSQL).QueryRow(func(r pgx.Row) error { return r.Scan(token) })
+	}
+	if err := lz.SendBatch(ctx, b).Close(); err != nil {
+		if !committed {
+			rollback(conn.Conn())
+			return 0, err
+		}
+		// The write committed; only its token is missing. A query without
+		// a token still runs, it may just not see this write on a replica.
+		rt.logger.Warn("consistency token unavailable", "request_id", meta.RequestID, "error", err)
+		*token = ""
 	}
 	if tx.written > 0 {
 		for _, f := range rt.onCommit {
@@ -332,6 +455,12 @@ func rollback(c *pgx.Conn) {
 		_ = c.Close(ctx)
 	}
 }
+
+// errAbortedCommit is returned when COMMIT rolled back an aborted transaction.
+var errAbortedCommit = errors.New("kumiko: the transaction was rolled back at COMMIT: a statement in it failed and the handler ignored the error")
+
+// walPositionSQL reads the primary's current WAL insert position.
+const walPositionSQL = `SELECT pg_current_wal_insert_lsn()::text`
 
 // rollbackTimeout bounds the ROLLBACK of a failed transaction.
 const rollbackTimeout = 5 * time.Second

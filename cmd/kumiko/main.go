@@ -15,7 +15,7 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	code := cli.Main(ctx, os.Args[1:], features.Register)
+	code := cli.Main(ctx, os.Args[1:], features.Register, features.Routes)
 	stop()
 	os.Exit(code)
 }

@@ -191,10 +191,15 @@ func (d *Dispatcher) wakeLocal() {
 	}
 }
 
+// registerSQL creates a state row. StartAtHead puts the cursor just below
+// the visibility horizon of this statement's snapshot, (xmin - 1, max
+// position): every event below it is final, and an event of a transaction
+// still open now has a commit key >= xmin, so it is still delivered. (The
+// largest stored commit key would skip such events.)
 const registerSQL = `INSERT INTO event_consumers (name, instance_id, event_types, cursor_commit_key, cursor_position)
 SELECT $1, $2, $3,
-       CASE WHEN $4 THEN coalesce((SELECT max(commit_key) FROM events), '0'::xid8) ELSE '0'::xid8 END,
-       CASE WHEN $4 THEN coalesce((SELECT max(position) FROM events), 0) ELSE 0 END
+       CASE WHEN $4 THEN ((pg_snapshot_xmin(pg_current_snapshot())::text::numeric - 1)::text)::xid8 ELSE '0'::xid8 END,
+       CASE WHEN $4 THEN 9223372036854775807 ELSE 0 END
 ON CONFLICT (name, instance_id) DO UPDATE SET event_types = EXCLUDED.event_types, heartbeat_at = now()`
 
 // Register creates every consumer's state row (cursor at the start of the

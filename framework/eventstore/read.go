@@ -67,8 +67,10 @@ func collect(rows pgx.Rows) ([]Record, error) {
 	var out []Record
 	for rows.Next() {
 		var r Record
+		// The payload as *[]byte: pgx copies it, where a *json.RawMessage
+		// would go through json.Unmarshal.
 		if err := rows.Scan(&r.Position, &r.CommitKey, &r.TenantID, &r.StreamType, &r.StreamID, &r.Version,
-			&r.Type, &r.TypeVersion, &r.Payload, &r.Metadata, &r.CreatedAt); err != nil {
+			&r.Type, &r.TypeVersion, (*[]byte)(&r.Payload), &r.Metadata, &r.CreatedAt); err != nil {
 			return nil, err
 		}
 		out = append(out, r)

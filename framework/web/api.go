@@ -16,8 +16,9 @@ import (
 type writeRequest struct {
 	Type    string          `json:"type"`
 	Payload json.RawMessage `json:"payload"`
-	// RequestID is accepted and not used yet: it becomes the idempotency
-	// key (ARCHITECTURE §10). It is not the request id.
+	// RequestID is the idempotency key of Kumiko's browser clients (the
+	// Idempotency-Key header wins; see idempotency.go). It is not the
+	// request id.
 	RequestID string `json:"requestId"`
 }
 
@@ -28,15 +29,31 @@ type batchRequest struct {
 	RequestID string `json:"requestId"`
 }
 
-// commandRequest is one command of a batch, and the body of POST /api/query.
+// commandRequest is one command of a batch.
 type commandRequest struct {
 	Type    string          `json:"type"`
 	Payload json.RawMessage `json:"payload"`
 }
 
+// queryRequest is the body of POST /api/query.
+type queryRequest struct {
+	Type    string          `json:"type"`
+	Payload json.RawMessage `json:"payload"`
+	// ConsistencyToken is a write's token, for clients that cannot set
+	// the X-Kumiko-Consistency-Token header (the header wins).
+	ConsistencyToken string `json:"consistencyToken"`
+}
+
 // dataResponse is the body of every success.
 type dataResponse struct {
 	Data any `json:"data"`
+}
+
+// writeResponse is the body of a write's or batch's success: the data and
+// the consistency token (also in the X-Kumiko-Consistency-Token header).
+type writeResponse struct {
+	Data             any    `json:"data"`
+	ConsistencyToken string `json:"consistencyToken,omitempty"`
 }
 
 // handleWrite serves POST /api/write.
@@ -48,11 +65,11 @@ func (s *Server) handleWrite(c echo.Context) error {
 	if req.Type == "" {
 		return missingType()
 	}
-	out, err := s.rt.Write(c.Request().Context(), CallFrom(c), []framework.Command{{Type: req.Type, Payload: req.Payload}})
+	out, token, err := s.rt.WriteWithToken(c.Request().Context(), CallFrom(c), []framework.Command{{Type: req.Type, Payload: req.Payload}})
 	if err != nil {
 		return err
 	}
-	return writeData(c, out[0])
+	return writeWritten(c, out[0], token)
 }
 
 // handleBatch serves POST /api/batch.
@@ -76,7 +93,7 @@ func (s *Server) handleBatch(c echo.Context) error {
 		}
 		cmds[i] = framework.Command{Type: rc.Type, Payload: rc.Payload}
 	}
-	out, err := s.rt.Write(c.Request().Context(), CallFrom(c), cmds)
+	out, token, err := s.rt.WriteWithToken(c.Request().Context(), CallFrom(c), cmds)
 	if err != nil {
 		// The runtime names the index only for batches of two or more;
 		// a batch client expects it for one command as well.
@@ -86,19 +103,23 @@ func (s *Server) handleBatch(c echo.Context) error {
 		}
 		return err
 	}
-	return writeData(c, out)
+	return writeWritten(c, out, token)
 }
 
 // handleQuery serves POST /api/query.
 func (s *Server) handleQuery(c echo.Context) error {
-	var req commandRequest
+	var req queryRequest
 	if err := s.decodeBody(c, &req); err != nil {
 		return err
 	}
 	if req.Type == "" {
 		return missingType()
 	}
-	out, err := s.rt.Query(c.Request().Context(), CallFrom(c), framework.Command{Type: req.Type, Payload: req.Payload})
+	call := CallFrom(c)
+	if call.ConsistencyToken == "" {
+		call.ConsistencyToken = req.ConsistencyToken
+	}
+	out, err := s.rt.Query(c.Request().Context(), call, framework.Command{Type: req.Type, Payload: req.Payload})
 	if err != nil {
 		return err
 	}
@@ -116,6 +137,19 @@ func writeData(c echo.Context, v any) error {
 	b, err := json.Marshal(dataResponse{Data: v})
 	if err != nil {
 		return fmt.Errorf("web: encode response: %w", err)
+	}
+	return c.JSONBlob(http.StatusOK, b)
+}
+
+// writeWritten answers a write: 200 {"data": v, "consistencyToken": token}
+// with the token in the X-Kumiko-Consistency-Token header too.
+func writeWritten(c echo.Context, v any, token string) error {
+	b, err := json.Marshal(writeResponse{Data: v, ConsistencyToken: token})
+	if err != nil {
+		return fmt.Errorf("web: encode response: %w", err)
+	}
+	if token != "" {
+		c.Response().Header().Set(HeaderConsistencyToken, token)
 	}
 	return c.JSONBlob(http.StatusOK, b)
 }

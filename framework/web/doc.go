@@ -7,18 +7,39 @@
 // [New] returns a [Server] with three authenticated routes:
 //
 //   - POST /api/write {type, payload, requestId?} runs one write handler in
-//     one transaction and answers 200 {"data": <result>}.
+//     one transaction and answers 200 {"data": <result>, "consistencyToken":
+//     <token>}.
 //   - POST /api/batch {commands: [{type, payload}, ...], requestId?} runs
 //     1 to 100 writes in one transaction, all or nothing, and answers
-//     200 {"data": [<result>, ...]}. A failure is the failing command's
+//     200 {"data": [<result>, ...], "consistencyToken": <token>}. A failure is the failing command's
 //     envelope with details.index naming it (0-based).
-//   - POST /api/query {type, payload} runs one query handler in a read-only
-//     transaction and answers 200 {"data": <result>}.
+//   - POST /api/query {type, payload, consistencyToken?} runs one query
+//     handler in a read-only transaction and answers 200 {"data": <result>}.
 //
-// The body's requestId is accepted and not yet used: it will be an
-// idempotency key, not the request id. Other packages add their routes
-// (SSE, admin, health) through [Server.Echo], protecting them with
-// [Server.Authenticate].
+// Other packages add their routes (SSE, admin, health) through
+// [Server.Echo], protecting them with [Server.Authenticate].
+//
+// # Idempotent writes
+//
+// With [Config].Idempotency set, POST /api/write and /api/batch honour an
+// Idempotency-Key header or, for Kumiko's browser clients, the body's
+// requestId (the header wins; both present and different is 400). Keys are
+// scoped by tenant and user. The first request claims the key and its
+// response (success or failure) is stored; a retry with the same key and
+// the same type and payload gets it byte for byte with Idempotent-Replayed:
+// true; a concurrent duplicate waits for it; a retry with another type or
+// payload is 422 idempotency_key_reused; a keyed request while the store is
+// unreachable is 503 idempotency_unavailable and does not run. The key is
+// recorded in the metadata (idempotencyKey) of the events the write
+// appends. See framework/idempotency for the protocol.
+//
+// # Read-your-writes
+//
+// Every successful write and batch answers {"data": ..., "consistencyToken":
+// "<token>"} and the X-Kumiko-Consistency-Token header. A query that sends
+// the token back (the same header, or consistencyToken in its body) reads
+// that write or a later state, also on a read replica, and skips the query
+// cache. A malformed token is 400 bad_request.
 //
 // # Errors
 //

@@ -10,9 +10,11 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/labstack/echo/v4"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kumiko-go/kumiko/framework"
 	"github.com/kumiko-go/kumiko/framework/auth"
+	"github.com/kumiko-go/kumiko/framework/idempotency"
 )
 
 // Header names of the request and correlation ids.
@@ -53,6 +55,16 @@ type Config struct {
 	// answered 400 bad_request before it is decoded. Zero or negative means
 	// the default. Defaults to 64.
 	MaxJSONDepth int
+	// Idempotency makes POST /api/write and /api/batch idempotent by the
+	// Idempotency-Key header or the body's requestId (see idempotency.go).
+	// Defaults to nil: keys are ignored. [Server.SetIdempotency] sets it
+	// later.
+	Idempotency *idempotency.Store
+	// Metrics registers kumiko_http_requests_total{method,route,code} and
+	// kumiko_http_request_duration_seconds{method,route}, observed for
+	// every request (routes added through [Server.Echo] included). New
+	// panics when they cannot be registered. Defaults to none.
+	Metrics prometheus.Registerer
 }
 
 // Server is Kumiko's HTTP API on echo. It holds no goroutines and needs no
@@ -64,6 +76,8 @@ type Server struct {
 	logger    *slog.Logger
 	bodyLimit int64
 	maxDepth  int
+	metrics   *httpMetrics
+	idem      *idempotency.Store
 }
 
 // New returns a server that runs commands on rt and verifies tokens with
@@ -91,6 +105,12 @@ func New(rt *framework.Runtime, keys *auth.Keyring, cfg *Config) *Server {
 	if s.logger == nil {
 		s.logger = slog.New(slog.DiscardHandler)
 	}
+	m, err := newHTTPMetrics(cfg.Metrics)
+	if err != nil {
+		panic("kumiko: web.New: " + err.Error())
+	}
+	s.metrics = m
+	s.idem = cfg.Idempotency
 	e := echo.New()
 	e.HideBanner = true
 	e.HidePort = true
@@ -103,8 +123,8 @@ func New(rt *framework.Runtime, keys *auth.Keyring, cfg *Config) *Server {
 	// Route-level middleware, not a Group's: a group with middleware adds a
 	// catch-all route, which turns 405s into 404s and asks unknown paths
 	// for a token.
-	e.POST("/api/write", s.handleWrite, s.Authenticate)
-	e.POST("/api/batch", s.handleBatch, s.Authenticate)
+	e.POST("/api/write", s.handleWrite, s.Authenticate, s.idempotent)
+	e.POST("/api/batch", s.handleBatch, s.Authenticate, s.idempotent)
 	e.POST("/api/query", s.handleQuery, s.Authenticate)
 	s.e = e
 	return s
@@ -138,11 +158,14 @@ func CorrelationID(c echo.Context) string {
 
 // CallFrom returns the [framework.Call] of an authenticated request: its
 // principal, request id and correlation id (the causation id defaults to the
-// request id in the runtime). Handlers added through [Server.Echo] use it to
-// run commands.
+// request id in the runtime), the idempotency key of a claimed keyed write
+// and the X-Kumiko-Consistency-Token header. Handlers added through
+// [Server.Echo] use it to run commands.
 func CallFrom(c echo.Context) framework.Call {
 	p, _ := PrincipalFrom(c)
-	return framework.Call{Principal: p, RequestID: RequestID(c), CorrelationID: CorrelationID(c)}
+	key, _ := c.Get(keyIdempotencyKey).(string)
+	return framework.Call{Principal: p, RequestID: RequestID(c), CorrelationID: CorrelationID(c),
+		IdempotencyKey: key, ConsistencyToken: c.Request().Header.Get(HeaderConsistencyToken)}
 }
 
 // begin is the outermost middleware: it assigns the ids, recovers panics,
@@ -178,6 +201,7 @@ func (s *Server) begin(next echo.HandlerFunc) echo.HandlerFunc {
 				}
 				err = nil
 			}
+			s.metrics.observe(methodLabel(req.Method), c.Path(), c.Response().Status, time.Since(start))
 			s.logger.LogAttrs(req.Context(), slog.LevelInfo, "http request",
 				slog.String("method", req.Method),
 				slog.String("route", c.Path()),

@@ -20,12 +20,14 @@ import (
 	"github.com/kumiko-go/kumiko/framework"
 	"github.com/kumiko-go/kumiko/framework/auth"
 	"github.com/kumiko-go/kumiko/framework/migrate"
+	"github.com/kumiko-go/kumiko/framework/web"
 )
 
-// Main runs the command line args with the application's features and
-// returns the process exit code.
-func Main(ctx context.Context, args []string, register func(*framework.Registry)) int {
-	root := Root(register)
+// Main runs the command line args with the application's features (and its
+// own HTTP routes, such as pages; nil for none) and returns the process exit
+// code.
+func Main(ctx context.Context, args []string, register func(*framework.Registry), routes func(*web.Server)) int {
+	root := Root(register, routes)
 	root.SetArgs(args)
 	if err := root.ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(root.ErrOrStderr(), "kumiko:", err)
@@ -34,15 +36,16 @@ func Main(ctx context.Context, args []string, register func(*framework.Registry)
 	return 0
 }
 
-// Root builds the command tree.
-func Root(register func(*framework.Registry)) *cobra.Command {
+// Root builds the command tree; routes (nil for none) are the application's
+// own HTTP routes, mounted by `kumiko serve`.
+func Root(register func(*framework.Registry), routes func(*web.Server)) *cobra.Command {
 	root := &cobra.Command{
 		Use:           "kumiko",
 		Short:         "Kumiko: event-sourced application framework",
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(serveCmd(register), migrateCmd(), tokenCmd(),
+	root.AddCommand(serveCmd(register, routes), migrateCmd(), tokenCmd(),
 		consumerCmd(register), eventsCmd(register), projectionCmd(register), jobsCmd(register))
 	return root
 }
@@ -52,7 +55,7 @@ func logger(w io.Writer, level slog.Level) *slog.Logger {
 	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
 }
 
-func serveCmd(register func(*framework.Registry)) *cobra.Command {
+func serveCmd(register func(*framework.Registry), routes func(*web.Server)) *cobra.Command {
 	return &cobra.Command{
 		Use:   "serve",
 		Short: "Run the process selected by APP_MODE (api, worker, all-in-one)",
@@ -63,7 +66,7 @@ func serveCmd(register func(*framework.Registry)) *cobra.Command {
 				return fmt.Errorf("configuration:\n%w", err)
 			}
 			log := logger(cmd.ErrOrStderr(), cfg.LogLevel)
-			app, err := entrypoint.New(cmd.Context(), entrypoint.Options{Config: cfg, Register: register, Logger: log})
+			app, err := entrypoint.New(cmd.Context(), entrypoint.Options{Config: cfg, Register: register, Logger: log, Routes: routes})
 			if err != nil {
 				return err
 			}

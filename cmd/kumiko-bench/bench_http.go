@@ -1,0 +1,191 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kumiko-go/kumiko/features/orders"
+	"github.com/kumiko-go/kumiko/framework"
+	"github.com/kumiko-go/kumiko/framework/auth"
+	"github.com/kumiko-go/kumiko/framework/web"
+)
+
+func init() { register(Bench{Name: "http-write", Run: benchHTTPWrite}) }
+
+// httpWorkers is the number of concurrent HTTP clients.
+const httpWorkers = 16
+
+// benchOrderSQL is the baseline's business row, the one orders:write:place
+// inserts.
+const benchOrderSQL = `INSERT INTO orders (tenant_id, id, customer, amount_cents) VALUES ($1, $2, $3, $4)`
+
+// serveHTTP serves h on a loopback port until the returned stop is called.
+func serveHTTP(ctx context.Context, h http.Handler) (url string, stop func(), err error) {
+	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	return "http://" + ln.Addr().String(), func() { _ = srv.Close() }, nil
+}
+
+// postJSON sends body with a keep-alive client and checks for 200.
+func postJSON(ctx context.Context, client *http.Client, url, token string, body []byte) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("POST %s: %d %s", url, resp.StatusCode, b)
+	}
+	return nil
+}
+
+// rawPlace is the baseline: the order row and its event in a raw pgx
+// transaction.
+func rawPlace(ctx context.Context, pool *pgxpool.Pool, tenant, eventType string) error {
+	id, err := uuid.NewV7()
+	if err != nil {
+		return err
+	}
+	ids := id.String()
+	return rawTwoStatementTx(ctx, pool, tenant, benchOrderSQL, []any{tenant, ids, "acme", int64(1250)},
+		orders.StreamType, ids, eventType, orders.Placed{OrderID: ids, Customer: "acme", AmountCents: 1250})
+}
+
+// benchHTTPWrite: POST /api/write of orders:write:place through the real
+// web server (HTTP keep-alive clients, JWT verification, JSON decoding and
+// validation, the runtime) against raw pgx inserting the same order row and
+// event row per transaction, at 16 concurrent clients. For reference it
+// also serves the raw pgx transaction behind a bare net/http handler (no
+// framework) to the same clients: the share of HTTP itself on this machine.
+func benchHTTPWrite(ctx context.Context, env *Env) ([]Result, error) {
+	_, pool, drop, err := evDB(ctx, httpWorkers)
+	if err != nil {
+		return nil, err
+	}
+	defer drop()
+	reg := framework.NewRegistry()
+	ft := orders.Register(reg)
+	rt, err := framework.NewRuntime(reg, pool, nil)
+	if err != nil {
+		return nil, err
+	}
+	keys, err := auth.NewKeyring([]auth.Key{{ID: "bench", Secret: []byte("bench-secret-0123456789abcdef0123")}})
+	if err != nil {
+		return nil, err
+	}
+	fwURL, stopFW, err := serveHTTP(ctx, web.New(rt, keys, nil).Handler())
+	if err != nil {
+		return nil, err
+	}
+	defer stopFW()
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /raw", func(w http.ResponseWriter, r *http.Request) {
+		if _, err := io.Copy(io.Discard, r.Body); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		if err := rawPlace(r.Context(), pool, "tenant-0", ft.Placed.Name()); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"data":{"id":"00000000-0000-0000-0000-000000000000","version":1}}`))
+	})
+	rawURL, stopRaw, err := serveHTTP(ctx, mux)
+	if err != nil {
+		return nil, err
+	}
+	defer stopRaw()
+	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
+		MaxIdleConns: 4 * httpWorkers, MaxIdleConnsPerHost: 2 * httpWorkers, IdleConnTimeout: time.Minute,
+	}}
+	defer client.CloseIdleConnections()
+
+	tokens := make([]string, httpWorkers)
+	tenants := make([]string, httpWorkers)
+	for w := range tokens {
+		tenants[w] = "tenant-" + strconv.Itoa(w%4)
+		if tokens[w], err = keys.Mint(auth.Principal{UserID: "bench-" + strconv.Itoa(w), TenantID: tenants[w]}, time.Hour); err != nil {
+			return nil, err
+		}
+	}
+	body := []byte(`{"type":"orders:write:place","payload":{"customer":"acme","amountCents":1250}}`)
+	fw := func(ctx context.Context, w int) error {
+		return postJSON(ctx, client, fwURL+"/api/write", tokens[w], body)
+	}
+	base := func(ctx context.Context, w int) error { return rawPlace(ctx, pool, tenants[w], ft.Placed.Name()) }
+	rawHTTP := func(ctx context.Context, w int) error { return postJSON(ctx, client, rawURL+"/raw", "", body) }
+
+	sliceDur, n := 1200*time.Millisecond, 12
+	if env.Quick {
+		sliceDur, n = 400*time.Millisecond, 2
+	}
+	ops := []func(context.Context, int) error{fw, base, rawHTTP}
+	for _, op := range ops {
+		if _, err := evRun(ctx, httpWorkers, sliceDur, op); err != nil {
+			return nil, fmt.Errorf("warm-up: %w", err)
+		}
+	}
+	side := func(name string, op func(context.Context, int) error) evSide {
+		return evSide{name: name, run: func() (int64, error) { return evRun(ctx, httpWorkers, sliceDur, op) }}
+	}
+	totals, err := evCompare("http-write, 16 clients", newEvMeter(ctx, pool), n,
+		side("POST /api/write orders:write:place", fw),
+		side("baseline: raw pgx BEGIN; 2 INSERTs; COMMIT", base),
+		side("(the baseline behind a bare net/http handler)", rawHTTP))
+	if err != nil {
+		return nil, err
+	}
+	var events int64
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM events`).Scan(&events); err != nil {
+		return nil, err
+	}
+	if events == 0 {
+		return nil, errors.New("no events written")
+	}
+	r := Result{
+		Name:          "POST /api/write orders:write:place, 16 HTTP clients",
+		Value:         totals[0].rate(),
+		Unit:          "req/s",
+		Baseline:      "raw pgx BEGIN; 2 INSERTs; COMMIT",
+		BaselineValue: totals[1].rate(),
+		Target:        ">= 0.70",
+	}
+	r.Pass = r.Ratio() >= 0.70
+	ref := Result{
+		Name:          "(reference) the baseline behind bare net/http, 16 HTTP clients",
+		Value:         totals[2].rate(),
+		Unit:          "req/s",
+		Baseline:      "raw pgx BEGIN; 2 INSERTs; COMMIT",
+		BaselineValue: totals[1].rate(),
+		Target:        "reported",
+		Pass:          true,
+	}
+	return []Result{r, ref}, nil
+}

@@ -1,0 +1,229 @@
+package entrypoint_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kumiko-go/kumiko/framework/jobs/jobstest"
+	"github.com/kumiko-go/kumiko/framework/kumikotest"
+)
+
+// blockOrders holds a lock on the orders table that makes every order
+// placement wait (EXCLUSIVE mode blocks inserts; it takes no xid, so it does
+// not hold back the visibility horizon of other tests). release ends it.
+func blockOrders(t *testing.T, db *kumikotest.DB) (release func()) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, db.URL)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, `BEGIN; LOCK TABLE orders IN EXCLUSIVE MODE`)
+	require.NoError(t, err)
+	released := false
+	release = func() {
+		if released {
+			return
+		}
+		released = true
+		_, _ = conn.Exec(ctx, `COMMIT`)
+		_ = conn.Close(ctx)
+	}
+	t.Cleanup(release)
+	return release
+}
+
+// waitBlocked waits until a session waits for the lock on orders.
+func waitBlocked(t *testing.T, db *kumikotest.DB) {
+	t.Helper()
+	deadline := time.Now().Add(wait)
+	for {
+		var n int
+		require.NoError(t, db.Pool.QueryRow(context.Background(),
+			`SELECT count(*) FROM pg_locks WHERE relation = 'orders'::regclass AND NOT granted`).Scan(&n))
+		if n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no request is waiting for the orders lock")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// slowPlace places an order in the background; the result arrives on the
+// returned channel.
+func slowPlace(t *testing.T, p *proc) <-chan int {
+	t.Helper()
+	out := make(chan int, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*wait)
+		defer cancel()
+		code, _, err := post(ctx, t, p.url+"/api/write", "acme",
+			map[string]any{"type": "orders:write:place", "payload": map[string]any{"customer": "slow", "amountCents": 1}})
+		if err != nil {
+			code = -1
+		}
+		out <- code
+	}()
+	return out
+}
+
+// TestSIGTERMDrains: SIGTERM turns readiness off at once, ends an open SSE
+// stream cleanly, lets an in-flight slow request finish (and its events be
+// dispatched), and exits 0.
+func TestSIGTERMDrains(t *testing.T) {
+	t.Parallel()
+	db := kumikotest.NewDB(t)
+	rds := jobstest.StartRedis(t)
+	p := start(t, "drain", procEnv("all-in-one", db.URL, rds.URL, "drain-1"))
+	p.waitReady(t)
+
+	s, err := openStream(t, p.url, "acme", "", "")
+	require.NoError(t, err)
+	p.place(t, "acme", "before")
+	s.waitFor(t, 1)
+
+	release := blockOrders(t, db)
+	result := slowPlace(t, p)
+	waitBlocked(t, db)
+
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	// The stream ends cleanly: the chunked body is terminated (io.EOF, not
+	// an unexpected EOF), while the slow request is still in flight.
+	require.ErrorIs(t, s.ended(t, 5*time.Second), io.EOF)
+	// Readiness is off at once: a probe is refused or answered 503.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	code, _, err := get(ctx, p.url+"/health/ready")
+	cancel()
+	if err == nil {
+		require.Equal(t, http.StatusServiceUnavailable, code)
+	} else {
+		require.True(t, isRefused(err), "ready probe: %v", err)
+	}
+	// The in-flight request keeps the process alive.
+	time.Sleep(300 * time.Millisecond)
+	require.True(t, p.running(), "the process exited with a request in flight")
+	release()
+	require.Equal(t, http.StatusOK, <-result)
+	require.Equal(t, 0, p.waitExit(t, wait))
+
+	logs := p.logs.String()
+	require.Contains(t, logs, `"msg":"process draining"`)
+	require.Contains(t, logs, `"msg":"process stopped"`)
+	require.Less(t, strings.Index(logs, `"msg":"process draining"`), strings.Index(logs, `"msg":"process stopped"`))
+	var orders int
+	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM orders`).Scan(&orders))
+	require.Equal(t, 2, orders)
+}
+
+// TestDrainTimeoutExits1: a request that outlives KUMIKO_DRAIN_TIMEOUT_MS
+// makes the process give up draining and exit 1.
+func TestDrainTimeoutExits1(t *testing.T) {
+	t.Parallel()
+	db := kumikotest.NewDB(t)
+	rds := jobstest.StartRedis(t)
+	p := start(t, "drain timeout", procEnv("api", db.URL, rds.URL, "drain-timeout-1", "KUMIKO_DRAIN_TIMEOUT_MS", "500"))
+	p.waitReady(t)
+	release := blockOrders(t, db)
+	result := slowPlace(t, p)
+	waitBlocked(t, db)
+	start := time.Now()
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGINT))
+	require.Equal(t, 1, p.waitExit(t, wait))
+	require.Less(t, time.Since(start), 5*time.Second)
+	require.Contains(t, p.logs.String(), "drain timeout exceeded")
+	release()
+	<-result
+}
+
+// TestReadinessFollowsPostgres: with Postgres unreachable (a black-holed
+// proxy between the process and the server), /health/ready answers 503
+// within 2 s, naming the failed checks; when Postgres is back, 200 again.
+func TestReadinessFollowsPostgres(t *testing.T) {
+	t.Parallel()
+	db := kumikotest.NewDB(t)
+	rds := jobstest.StartRedis(t)
+	px := newProxy(t, "127.0.0.1:5432")
+	dbURL := strings.Replace(db.URL, "127.0.0.1:5432", px.Addr(), 1)
+	require.NotEqual(t, db.URL, dbURL)
+	p := start(t, "readiness", procEnv("all-in-one", dbURL, rds.URL, "ready-1"))
+	p.waitReady(t)
+
+	probe := func() (int, readiness) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		t0 := time.Now()
+		code, body, err := get(ctx, p.url+"/health/ready")
+		require.NoError(t, err)
+		require.Less(t, time.Since(t0), 2*time.Second, "readiness must answer within 2 s")
+		var r readiness
+		require.NoError(t, json.Unmarshal(body, &r), string(body))
+		return code, r
+	}
+
+	px.setDown(true)
+	flipped := time.Now()
+	for {
+		code, r := probe()
+		if code == http.StatusServiceUnavailable {
+			require.Equal(t, "unavailable", r.Status)
+			require.Equal(t, "ready", r.State)
+			require.False(t, r.check("database").OK)
+			require.NotEmpty(t, r.check("database").Error)
+			require.True(t, r.check("redis").OK)
+			break
+		}
+		require.Less(t, time.Since(flipped), 2*time.Second, "readiness still 200 after 2 s without Postgres")
+	}
+	require.Less(t, time.Since(flipped), 2*time.Second)
+	require.True(t, p.running())
+
+	px.setDown(false)
+	deadline := time.Now().Add(wait)
+	for {
+		code, r := probe()
+		if code == http.StatusOK {
+			require.True(t, r.check("database").OK)
+			require.True(t, r.check("migrations").OK)
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "readiness did not come back")
+		time.Sleep(50 * time.Millisecond)
+	}
+	// And the process works again.
+	p.place(t, "acme", "after outage")
+}
+
+// readiness is the body of /health/ready.
+type readiness struct {
+	Status string `json:"status"`
+	State  string `json:"state"`
+	Checks []struct {
+		Name      string `json:"name"`
+		OK        bool   `json:"ok"`
+		LatencyMs int64  `json:"latencyMs"`
+		Error     string `json:"error"`
+	} `json:"checks"`
+}
+
+func (r readiness) check(name string) struct {
+	Name      string `json:"name"`
+	OK        bool   `json:"ok"`
+	LatencyMs int64  `json:"latencyMs"`
+	Error     string `json:"error"`
+} {
+	for _, c := range r.Checks {
+		if c.Name == name {
+			return c
+		}
+	}
+	panic("no check " + name)
+}

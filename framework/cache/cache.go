@@ -1,0 +1,272 @@
+package cache
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net/url"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/kumiko-go/kumiko/framework"
+	"github.com/kumiko-go/kumiko/framework/dispatcher"
+)
+
+// ConsumerName is the persistent name of the invalidation consumer; never
+// rename it.
+const ConsumerName = "system:consumer:cache-invalidation"
+
+// Defaults of [Config].
+const (
+	DefaultPrefix   = "kumiko:cache"
+	DefaultCooldown = time.Second
+)
+
+// Config tunes [New]. A nil *Config means the defaults.
+type Config struct {
+	// Prefix starts every key. Defaults to "kumiko:cache".
+	Prefix string
+	// Cooldown is how long the cache is bypassed after a Redis error.
+	// Defaults to 1s.
+	Cooldown time.Duration
+	// Logger receives Redis failures. Defaults to discarding.
+	Logger *slog.Logger
+	// Metrics registers kumiko_cache_hits_total, kumiko_cache_misses_total,
+	// kumiko_cache_redis_errors_total and kumiko_cache_bypassed_total (each
+	// by query) and kumiko_cache_invalidations_total. Defaults to none.
+	Metrics prometheus.Registerer
+}
+
+// Cache is the Redis entity cache. It is safe for concurrent use.
+type Cache struct {
+	rdb       redis.UniversalClient
+	prefix    string
+	cooldown  time.Duration
+	log       *slog.Logger
+	downUntil atomic.Int64 // unix nanos until which Redis is bypassed
+	m         metrics
+}
+
+type metrics struct {
+	hits, misses, errors, bypassed *prometheus.CounterVec
+	invalidations                  prometheus.Counter
+}
+
+// New returns a cache on rdb. It fails when rdb is nil or the metrics
+// cannot be registered.
+func New(rdb redis.UniversalClient, cfg *Config) (*Cache, error) {
+	if rdb == nil {
+		return nil, errors.New("cache: nil redis client")
+	}
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	c := &Cache{
+		rdb:      rdb,
+		prefix:   cmp.Or(cfg.Prefix, DefaultPrefix),
+		cooldown: cmp.Or(max(cfg.Cooldown, 0), DefaultCooldown),
+		log:      cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
+	}
+	vec := func(name, help string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"query"})
+	}
+	c.m = metrics{
+		hits:     vec("kumiko_cache_hits_total", "Cached query reads answered from Redis."),
+		misses:   vec("kumiko_cache_misses_total", "Cached query reads not in Redis, loaded from the database."),
+		errors:   vec("kumiko_cache_redis_errors_total", "Cached query reads or fills that failed on Redis and went to the database."),
+		bypassed: vec("kumiko_cache_bypassed_total", "Cached query reads sent to the database without asking Redis, during the cooldown after a Redis error."),
+		invalidations: prometheus.NewCounter(prometheus.CounterOpts{Name: "kumiko_cache_invalidations_total",
+			Help: "Cached entities invalidated by events."}),
+	}
+	if cfg.Metrics != nil {
+		var err error
+		for _, p := range []**prometheus.CounterVec{&c.m.hits, &c.m.misses, &c.m.errors, &c.m.bypassed} {
+			if *p, err = register(cfg.Metrics, *p); err != nil {
+				return nil, err
+			}
+		}
+		if c.m.invalidations, err = register(cfg.Metrics, c.m.invalidations); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+func register[C prometheus.Collector](reg prometheus.Registerer, col C) (C, error) {
+	if err := reg.Register(col); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing, nil
+			}
+		}
+		return col, fmt.Errorf("cache: register metrics: %w", err)
+	}
+	return col, nil
+}
+
+// Key returns the Redis key of one cached entity.
+func (c *Cache) Key(tenant, query, key string) string {
+	return c.prefix + ":" + url.QueryEscape(tenant) + ":" + url.QueryEscape(query) + ":" + url.QueryEscape(key)
+}
+
+// errBypassed is returned by Lookup during the cooldown.
+var errBypassed = errors.New("cache: bypassed after a redis error")
+
+// Lookup implements [framework.QueryCacheStore].
+func (c *Cache) Lookup(ctx context.Context, tenant, query, key string) ([]byte, string, error) {
+	if time.Now().UnixNano() < c.downUntil.Load() {
+		c.m.bypassed.WithLabelValues(query).Inc()
+		return nil, "", errBypassed
+	}
+	vals, err := c.rdb.HMGet(ctx, c.Key(tenant, query, key), "v", "g").Result()
+	if err != nil {
+		c.failed(query, "lookup", err)
+		return nil, "", fmt.Errorf("cache: lookup: %w", err)
+	}
+	g, _ := vals[1].(string)
+	if v, ok := vals[0].(string); ok {
+		c.m.hits.WithLabelValues(query).Inc()
+		return []byte(v), g, nil
+	}
+	c.m.misses.WithLabelValues(query).Inc()
+	return nil, g, nil
+}
+
+// fillScript stores the value while the entity's stamp is the one the
+// lookup saw. KEYS[1] entity; ARGV stamp, value, ttl ms.
+var fillScript = redis.NewScript(`
+local g = redis.call('HGET', KEYS[1], 'g') or ''
+if g ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'v', ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 1`)
+
+// Fill implements [framework.QueryCacheStore].
+func (c *Cache) Fill(ctx context.Context, tenant, query, key, stamp string, value []byte, ttl time.Duration) error {
+	err := fillScript.Run(ctx, c.rdb, []string{c.Key(tenant, query, key)}, stamp, value, ttlMillis(ttl)).Err()
+	if err != nil {
+		c.failed(query, "fill", err)
+		return fmt.Errorf("cache: fill: %w", err)
+	}
+	return nil
+}
+
+// invalidateScript drops the value and records the stamp. KEYS[1] entity;
+// ARGV stamp, ttl ms.
+var invalidateScript = redis.NewScript(`
+redis.call('HDEL', KEYS[1], 'v')
+redis.call('HSET', KEYS[1], 'g', ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1`)
+
+// Invalidate removes the cached entity and sets its stamp (the consistency
+// token of the invalidating write, or a later one), so that a fill that
+// looked it up before fails. ttl keeps the stamp for as long as a value
+// could live. Unlike lookups it ignores the cooldown: an invalidation is
+// never skipped.
+func (c *Cache) Invalidate(ctx context.Context, tenant, query, key, stamp string, ttl time.Duration) error {
+	if err := invalidateScript.Run(ctx, c.rdb, []string{c.Key(tenant, query, key)}, stamp, ttlMillis(ttl)).Err(); err != nil {
+		return fmt.Errorf("cache: invalidate %s: %w", query, err)
+	}
+	c.m.invalidations.Inc()
+	return nil
+}
+
+// failed counts a Redis error and opens the cooldown.
+func (c *Cache) failed(query, op string, err error) {
+	if errors.Is(err, context.Canceled) {
+		return
+	}
+	c.m.errors.WithLabelValues(query).Inc()
+	c.downUntil.Store(time.Now().Add(c.cooldown).UnixNano())
+	c.log.Warn("cache redis failed, reading the database", "query", query, "op", op, "error", err)
+}
+
+func ttlMillis(d time.Duration) string {
+	return strconv.FormatInt(max(d.Milliseconds(), 1), 10)
+}
+
+// walPositionSQL reads the primary's WAL insert position: past the commit
+// of every event the consumer can see.
+const walPositionSQL = `SELECT pg_current_wal_insert_lsn()::text`
+
+// Consumer returns the shared system consumer that invalidates reg's
+// cached queries, and false when reg declares none. Run it in the processes
+// that run shared consumers (worker and all-in-one).
+func (c *Cache) Consumer(reg *framework.Registry) (dispatcher.Consumer, bool) {
+	types := reg.CacheEventTypes()
+	if len(types) == 0 {
+		return dispatcher.Consumer{}, false
+	}
+	return dispatcher.Consumer{
+		Name:       ConsumerName,
+		Delivery:   framework.DeliveryShared,
+		EventTypes: types,
+		System:     true,
+		// Redis being down must not kill the consumer: it retries (with
+		// the dispatcher's capped backoff) until Redis is back.
+		MaxAttempts: math.MaxInt32,
+		Apply: func(ctx context.Context, tx *framework.Tx, env framework.Envelope) error {
+			keys, err := reg.CacheInvalidations(env)
+			if err != nil || len(keys) == 0 {
+				return err
+			}
+			var stamp string
+			if err := tx.QueryRow(ctx, walPositionSQL).Scan(&stamp); err != nil {
+				return fmt.Errorf("cache: wal position: %w", err)
+			}
+			for _, k := range keys {
+				if err := c.Invalidate(ctx, env.TenantID, k.Query, k.Key, stamp, k.TTL); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+	}, true
+}
+
+// Stats are the cache's counters summed over queries, for tests and tools.
+type Stats struct {
+	Hits, Misses, RedisErrors, Bypassed, Invalidations float64
+}
+
+// Stats returns the counters.
+func (c *Cache) Stats() Stats {
+	return Stats{
+		Hits:          sumVec(c.m.hits),
+		Misses:        sumVec(c.m.misses),
+		RedisErrors:   sumVec(c.m.errors),
+		Bypassed:      sumVec(c.m.bypassed),
+		Invalidations: value(c.m.invalidations),
+	}
+}
+
+func sumVec(v *prometheus.CounterVec) float64 {
+	ch := make(chan prometheus.Metric, 64)
+	go func() { v.Collect(ch); close(ch) }()
+	total := 0.0
+	for m := range ch {
+		var d dto.Metric
+		if m.Write(&d) == nil && d.Counter != nil {
+			total += d.Counter.GetValue()
+		}
+	}
+	return total
+}
+
+func value(c prometheus.Counter) float64 {
+	var d dto.Metric
+	if c.Write(&d) != nil || d.Counter == nil {
+		return 0
+	}
+	return d.Counter.GetValue()
+}

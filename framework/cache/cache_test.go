@@ -1,0 +1,321 @@
+package cache_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/kumiko-go/kumiko/features/orders"
+	"github.com/kumiko-go/kumiko/framework"
+	"github.com/kumiko-go/kumiko/framework/cache"
+	"github.com/kumiko-go/kumiko/framework/dispatcher"
+	"github.com/kumiko-go/kumiko/framework/kumikotest"
+	"github.com/kumiko-go/kumiko/internal/redistest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func sharedRedis(t *testing.T) *redis.Client {
+	t.Helper()
+	url := os.Getenv("KUMIKO_TEST_REDIS_URL")
+	if url == "" {
+		url = "redis://127.0.0.1:6379/0"
+	}
+	opts, err := redis.ParseURL(url)
+	require.NoError(t, err)
+	c := redis.NewClient(opts)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// tokens is a ReadRouter over a real pool that records the consistency
+// tokens queries ask for.
+type tokens struct {
+	pool *pgxpool.Pool
+	mu   sync.Mutex
+	seen []string
+}
+
+func (r *tokens) AcquireRead(ctx context.Context, token string) (*pgxpool.Conn, error) {
+	r.mu.Lock()
+	r.seen = append(r.seen, token)
+	r.mu.Unlock()
+	return r.pool.Acquire(ctx)
+}
+
+func (r *tokens) last() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.seen[len(r.seen)-1]
+}
+
+// bundle is a runtime with the orders feature and a Redis cache, and (when
+// started) a dispatcher running the invalidation consumer.
+type bundle struct {
+	db     *kumikotest.DB
+	reg    *framework.Registry
+	rt     *framework.Runtime
+	cache  *cache.Cache
+	router *tokens
+}
+
+func setup(t *testing.T, rdb redis.UniversalClient, withConsumer bool) *bundle {
+	t.Helper()
+	b := &bundle{db: kumikotest.NewDB(t), reg: framework.NewRegistry()}
+	orders.Register(b.reg)
+	var err error
+	b.cache, err = cache.New(rdb, &cache.Config{Prefix: "kumiko-test:cache:" + randomHex(6), Cooldown: 300 * time.Millisecond, Metrics: prometheus.NewRegistry()})
+	require.NoError(t, err)
+	b.router = &tokens{pool: b.db.Pool}
+	b.rt, err = framework.NewRuntime(b.reg, b.db.Pool, &framework.RuntimeConfig{QueryCache: b.cache, ReadRouter: b.router})
+	require.NoError(t, err)
+	if withConsumer {
+		cons, ok := b.cache.Consumer(b.reg)
+		require.True(t, ok)
+		require.Equal(t, cache.ConsumerName, cons.Name)
+		require.Equal(t, []string{"orders:event:cancelled"}, cons.EventTypes)
+		d, err := dispatcher.New(b.db.Pool, b.reg, []dispatcher.Consumer{cons}, &dispatcher.Config{
+			InstanceID: "cache-test", PollInterval: 20 * time.Millisecond})
+		require.NoError(t, err)
+		b.rt.OnCommit(func(int) { d.Wake() })
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = d.Run(ctx) }()
+		t.Cleanup(func() { cancel(); <-done })
+	}
+	return b
+}
+
+func call(tenant string) framework.Call {
+	return framework.Call{Principal: framework.Principal{UserID: "u-" + tenant, TenantID: tenant}, RequestID: "req-" + randomHex(4)}
+}
+
+func (b *bundle) place(t *testing.T, tenant, customer string) string {
+	t.Helper()
+	out, err := b.rt.Write(t.Context(), call(tenant), []framework.Command{{Type: "orders:write:place",
+		Payload: []byte(`{"customer":"` + customer + `","amountCents":100}`)}})
+	require.NoError(t, err)
+	return out[0].(orders.WriteResult).ID
+}
+
+func (b *bundle) get(t *testing.T, c framework.Call, id string) (orders.Order, error) {
+	t.Helper()
+	out, err := b.rt.Query(t.Context(), c, framework.Command{Type: "orders:query:get", Payload: []byte(`{"orderId":"` + id + `"}`)})
+	if err != nil {
+		return orders.Order{}, err
+	}
+	o, ok := out.(orders.Order)
+	if !ok {
+		return o, fmt.Errorf("a cached result must be decoded into the query's type, got %T", out)
+	}
+	return o, nil
+}
+
+func TestHitMissAndTokenSkipsCache(t *testing.T) {
+	t.Parallel()
+	b := setup(t, sharedRedis(t), false)
+	id := b.place(t, "acme", "Ada")
+
+	first, err := b.get(t, call("acme"), id)
+	require.NoError(t, err)
+	require.Equal(t, "Ada", first.Customer)
+	require.Equal(t, cache.Stats{Misses: 1}, b.cache.Stats())
+
+	// Change the row behind the framework's back: a hit cannot see it.
+	_, err = b.db.Pool.Exec(t.Context(), `UPDATE orders SET customer = 'Changed' WHERE id = $1`, id)
+	require.NoError(t, err)
+	hit, err := b.get(t, call("acme"), id)
+	require.NoError(t, err)
+	require.Equal(t, "Ada", hit.Customer, "served from the cache")
+	require.True(t, first.CreatedAt.Equal(hit.CreatedAt))
+	first.CreatedAt, hit.CreatedAt = time.Time{}, time.Time{}
+	require.Equal(t, first, hit)
+	require.Equal(t, cache.Stats{Misses: 1, Hits: 1}, b.cache.Stats())
+
+	// A query with a consistency token skips the cache.
+	out, token, err := b.rt.WriteWithToken(t.Context(), call("acme"), []framework.Command{{Type: "orders:write:place",
+		Payload: []byte(`{"customer":"Other","amountCents":1}`)}})
+	require.NoError(t, err)
+	require.NotNil(t, out)
+	c := call("acme")
+	c.ConsistencyToken = token
+	fresh, err := b.get(t, c, id)
+	require.NoError(t, err)
+	require.Equal(t, "Changed", fresh.Customer)
+	require.Equal(t, token, b.router.last())
+	require.Equal(t, cache.Stats{Misses: 1, Hits: 1}, b.cache.Stats(), "the token read neither hit nor missed")
+}
+
+func TestInvalidationThroughAnEvent(t *testing.T) {
+	t.Parallel()
+	b := setup(t, sharedRedis(t), true)
+	id := b.place(t, "acme", "Ada")
+	o, err := b.get(t, call("acme"), id)
+	require.NoError(t, err)
+	require.Equal(t, "placed", o.Status)
+	_, err = b.get(t, call("acme"), id)
+	require.NoError(t, err)
+	require.InDelta(t, 1, b.cache.Stats().Hits, 0)
+
+	_, err = b.rt.Write(t.Context(), call("acme"), []framework.Command{{Type: "orders:write:cancel",
+		Payload: []byte(`{"orderId":"` + id + `","expectedVersion":1}`)}})
+	require.NoError(t, err)
+	// The consumer delivers after the visibility horizon passes the event.
+	require.Eventually(t, func() bool {
+		o, err := b.get(t, call("acme"), id)
+		return err == nil && o.Status == "cancelled"
+	}, 30*time.Second, 20*time.Millisecond)
+	st := b.cache.Stats()
+	require.InDelta(t, 1, st.Invalidations, 0)
+
+	// The reload after the invalidation read at or after the invalidation's
+	// WAL position (the entity's stamp), and filled the cache again.
+	require.True(t, framework.ValidConsistencyToken(b.router.last()), "stamp %q", b.router.last())
+	before := b.cache.Stats().Hits
+	o, err = b.get(t, call("acme"), id)
+	require.NoError(t, err)
+	require.Equal(t, "cancelled", o.Status)
+	require.InDelta(t, before+1, b.cache.Stats().Hits, 0)
+}
+
+func TestTenantsNeverShareEntries(t *testing.T) {
+	t.Parallel()
+	b := setup(t, sharedRedis(t), false)
+	id := b.place(t, "acme", "Ada")
+	_, err := b.get(t, call("acme"), id)
+	require.NoError(t, err)
+	_, err = b.get(t, call("acme"), id)
+	require.NoError(t, err)
+	_, err = b.get(t, call("globex"), id)
+	require.ErrorIs(t, err, framework.ErrNotFound, "another tenant's cached order stays invisible")
+	_, err = b.get(t, call("globex"), id)
+	require.ErrorIs(t, err, framework.ErrNotFound, "and a miss is not cached")
+}
+
+func TestBadPayloadIsRejectedBeforeTheCache(t *testing.T) {
+	t.Parallel()
+	b := setup(t, sharedRedis(t), false)
+	_, err := b.rt.Query(t.Context(), call("acme"), framework.Command{Type: "orders:query:get", Payload: []byte(`{"orderId":"nope"}`)})
+	var ve *framework.ValidationError
+	require.ErrorAs(t, err, &ve)
+	require.Equal(t, cache.Stats{}, b.cache.Stats())
+}
+
+func TestRedisDownFallsBackToTheDatabase(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	b := setup(t, srv.Client(), false)
+	id := b.place(t, "acme", "Ada")
+	_, err := b.get(t, call("acme"), id)
+	require.NoError(t, err)
+	_, err = b.db.Pool.Exec(t.Context(), `UPDATE orders SET customer = 'Current' WHERE id = $1`, id)
+	require.NoError(t, err)
+
+	srv.Stop()
+	o, err := b.get(t, call("acme"), id)
+	require.NoError(t, err, "Redis down: the read goes to the database")
+	require.Equal(t, "Current", o.Customer)
+	require.InDelta(t, 1, b.cache.Stats().RedisErrors, 0)
+	o, err = b.get(t, call("acme"), id)
+	require.NoError(t, err)
+	require.Equal(t, "Current", o.Customer)
+	require.InDelta(t, 1, b.cache.Stats().Bypassed, 0, "within the cooldown Redis is not asked")
+
+	srv.Start()
+	require.Eventually(t, func() bool {
+		_, err := b.get(t, call("acme"), id)
+		return err == nil && b.cache.Stats().Hits >= 1
+	}, 10*time.Second, 50*time.Millisecond, "the cache works again once Redis is back")
+}
+
+func TestFillRacingAnInvalidationIsDropped(t *testing.T) {
+	t.Parallel()
+	c, err := cache.New(sharedRedis(t), &cache.Config{Prefix: "kumiko-test:cache:" + randomHex(6)})
+	require.NoError(t, err)
+	ctx := t.Context()
+	v, stamp, err := c.Lookup(ctx, "acme", "q", "k")
+	require.NoError(t, err)
+	require.Nil(t, v)
+	require.Empty(t, stamp)
+	// The entity changes between the lookup and the fill.
+	require.NoError(t, c.Invalidate(ctx, "acme", "q", "k", "0/1A", time.Minute))
+	require.NoError(t, c.Fill(ctx, "acme", "q", "k", stamp, []byte(`"old"`), time.Minute))
+	v, stamp, err = c.Lookup(ctx, "acme", "q", "k")
+	require.NoError(t, err)
+	require.Nil(t, v, "the old state was not cached")
+	require.Equal(t, "0/1A", stamp)
+	// A fill that saw the invalidation is stored.
+	require.NoError(t, c.Fill(ctx, "acme", "q", "k", stamp, []byte(`"new"`), time.Minute))
+	v, _, err = c.Lookup(ctx, "acme", "q", "k")
+	require.NoError(t, err)
+	require.Equal(t, `"new"`, string(v))
+	// Keys are scoped: the same key of another tenant or query is empty.
+	for _, other := range [][2]string{{"globex", "q"}, {"acme", "q2"}, {"acme:q", ""}} {
+		v, _, err = c.Lookup(ctx, other[0], other[1], "k")
+		require.NoError(t, err)
+		require.Nil(t, v, "%v", other)
+	}
+}
+
+func TestNoConsumerWithoutCachedQueries(t *testing.T) {
+	t.Parallel()
+	c, err := cache.New(sharedRedis(t), nil)
+	require.NoError(t, err)
+	_, ok := c.Consumer(framework.NewRegistry())
+	require.False(t, ok)
+}
+
+type otherInput struct {
+	ID string `json:"id"`
+}
+
+func TestRegistrationProblems(t *testing.T) {
+	t.Parallel()
+	reg := framework.NewRegistry()
+	f := reg.Feature("bad")
+	other := framework.NewRegistry().Feature("elsewhere")
+	foreign := framework.DefineEvent[otherInput](other, "foreign", nil)
+	framework.Query(f, "wrong-type", func(context.Context, *framework.Tx, orders.GetInput) (string, error) { return "", nil },
+		&framework.QueryOptions{Cache: framework.CacheBy(time.Minute, func(in otherInput) string { return in.ID })})
+	framework.Query(f, "foreign-event", func(context.Context, *framework.Tx, otherInput) (string, error) { return "", nil },
+		&framework.QueryOptions{Cache: framework.CacheBy(time.Minute, func(in otherInput) string { return in.ID },
+			framework.InvalidatedBy(foreign, func(e framework.Event[otherInput]) string { return e.Payload.ID }))})
+	err := reg.Build()
+	require.ErrorContains(t, err, "bad:query:wrong-type: cache key takes cache_test.otherInput")
+	require.ErrorContains(t, err, `bad:query:foreign-event: cache invalidated by undeclared event "elsewhere:event:foreign"`)
+}
+
+func TestUndecodableEntryIsReplaced(t *testing.T) {
+	t.Parallel()
+	b := setup(t, sharedRedis(t), false)
+	id := b.place(t, "acme", "Ada")
+	ctx := t.Context()
+	// An entry of an older result shape, after an invalidation stamped it.
+	require.NoError(t, b.cache.Invalidate(ctx, "acme", "orders:query:get", id, "0/1", time.Minute))
+	require.NoError(t, b.cache.Fill(ctx, "acme", "orders:query:get", id, "0/1", []byte(`["not","an","order"]`), time.Minute))
+	o, err := b.get(t, call("acme"), id)
+	require.NoError(t, err)
+	require.Equal(t, "Ada", o.Customer, "read from the database")
+	v, _, err := b.cache.Lookup(ctx, "acme", "orders:query:get", id)
+	require.NoError(t, err)
+	require.Contains(t, string(v), `"customer":"Ada"`, "and the entry was replaced")
+}

@@ -1,0 +1,42 @@
+// Package idempotency stores the outcome of idempotent requests in Redis,
+// so that a retried request is answered with the first one's response
+// instead of running again.
+//
+// # Protocol
+//
+// A request with a key calls [Store.Begin] with its [Scope] (tenant, user
+// and key: keys of different tenants or users never meet) and a fingerprint
+// of what it asks for. Begin runs one Lua script that
+//
+//   - claims a free key with a pending marker: an owner token, the
+//     fingerprint and a lease. The caller gets a [Claim], runs the request
+//     and stores its response with [Claim.Finish];
+//   - answers a finished key with its stored [Response] (a replay);
+//   - reports [ErrKeyReused] when the fingerprint differs;
+//   - reclaims a pending key whose lease ran out (its owner crashed) for
+//     the caller, with a new owner token;
+//   - otherwise leaves a pending key alone: Begin then polls with backoff
+//     until the owner finishes (and replays its response), the lease runs
+//     out (and claims), or [Config].WaitTimeout passes ([ErrInProgress]).
+//
+// While a claim is held, a timer of the [Claim] renews its lease every
+// third of [Config].Lease, so only a crashed (or cut off) owner loses it.
+// Finish and renewal are compare-and-set scripts on the owner token: an
+// owner whose claim was taken over can never overwrite the newer owner's
+// result ([ErrNotOwner]).
+//
+// [Claim.FinishAsync] stores the response from a goroutine the [Store]
+// owns, so that the caller answers its client without waiting for Redis;
+// [Store.Close] waits for those at shutdown.
+//
+// Redis time is the clock of every lease, so API instances with skewed
+// clocks agree on them. Keys live for [Config].TTL (default 24 h) after the
+// claim and again after the finish. Every Redis failure is returned
+// wrapped in [ErrUnavailable]: a keyed request must then not run.
+//
+// # Layout
+//
+// One Redis hash per key at "<prefix>:<tenant>:<user>:<key>" (each part
+// query-escaped), with the fields state (pending or done), owner, fp,
+// lease (Redis milliseconds), status, header (JSON) and body.
+package idempotency

@@ -1,0 +1,470 @@
+package idempotency
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+)
+
+// Defaults of [Config].
+const (
+	DefaultPrefix      = "kumiko:idem"
+	DefaultTTL         = 24 * time.Hour
+	DefaultLease       = 30 * time.Second
+	DefaultWaitTimeout = 10 * time.Second
+	// MaxKeyLength is the longest accepted key.
+	MaxKeyLength = 255
+)
+
+// Errors of [Store.Begin] and [Claim.Finish].
+var (
+	// ErrUnavailable wraps every Redis failure: the request must not run.
+	ErrUnavailable = errors.New("idempotency: store unavailable")
+	// ErrKeyReused: the key was used before for a different request.
+	ErrKeyReused = errors.New("idempotency: key reused for a different request")
+	// ErrInProgress: another request holds the key and did not finish
+	// within the wait timeout.
+	ErrInProgress = errors.New("idempotency: a request with this key is in progress")
+	// ErrNotOwner: the claim was taken over (its lease ran out) or is
+	// finished; the response was not stored.
+	ErrNotOwner = errors.New("idempotency: claim no longer owned")
+)
+
+// Config tunes [New]. A nil *Config means the defaults.
+type Config struct {
+	// Prefix starts every key. Defaults to "kumiko:idem".
+	Prefix string
+	// TTL is how long a key is kept after its claim and after its finish.
+	// Defaults to 24h.
+	TTL time.Duration
+	// Lease is how long a claim stays valid without renewal; the owner
+	// renews it every Lease/3, so it bounds how long a crashed owner blocks
+	// its key. Defaults to 30s.
+	Lease time.Duration
+	// WaitTimeout bounds how long [Store.Begin] waits for a concurrent
+	// owner of the same key. Defaults to 10s.
+	WaitTimeout time.Duration
+	// Logger receives lost claims and renewal failures. Defaults to
+	// discarding.
+	Logger *slog.Logger
+	// Metrics registers kumiko_idempotency_replays_total and
+	// kumiko_idempotency_reclaims_total. Defaults to none.
+	Metrics prometheus.Registerer
+}
+
+// Store is the Redis idempotency store. It is safe for concurrent use.
+type Store struct {
+	rdb      redis.UniversalClient
+	prefix   string
+	ttl      time.Duration
+	lease    time.Duration
+	wait     time.Duration
+	log      *slog.Logger
+	replays  prometheus.Counter
+	reclaims prometheus.Counter
+
+	// mu guards closed; finishing counts FinishAsync calls in flight.
+	mu        sync.Mutex
+	closed    bool
+	finishing sync.WaitGroup
+}
+
+// New returns a store on rdb. It fails when rdb is nil or the metrics
+// cannot be registered.
+func New(rdb redis.UniversalClient, cfg *Config) (*Store, error) {
+	if rdb == nil {
+		return nil, errors.New("idempotency: nil redis client")
+	}
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	s := &Store{
+		rdb:    rdb,
+		prefix: cmp.Or(cfg.Prefix, DefaultPrefix),
+		ttl:    cmp.Or(max(cfg.TTL, 0), DefaultTTL),
+		lease:  cmp.Or(max(cfg.Lease, 0), DefaultLease),
+		wait:   cmp.Or(max(cfg.WaitTimeout, 0), DefaultWaitTimeout),
+		log:    cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
+		replays: prometheus.NewCounter(prometheus.CounterOpts{Name: "kumiko_idempotency_replays_total",
+			Help: "Keyed requests answered with the stored response of an earlier request."}),
+		reclaims: prometheus.NewCounter(prometheus.CounterOpts{Name: "kumiko_idempotency_reclaims_total",
+			Help: "Keys claimed again after their owner's lease ran out (a crashed owner)."}),
+	}
+	if cfg.Metrics != nil {
+		var err error
+		if s.replays, err = register(cfg.Metrics, s.replays); err != nil {
+			return nil, err
+		}
+		if s.reclaims, err = register(cfg.Metrics, s.reclaims); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+func register(reg prometheus.Registerer, c prometheus.Counter) (prometheus.Counter, error) {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(prometheus.Counter); ok {
+				return existing, nil
+			}
+		}
+		return nil, fmt.Errorf("idempotency: register metrics: %w", err)
+	}
+	return c, nil
+}
+
+// TTL returns how long keys are kept.
+func (s *Store) TTL() time.Duration { return s.ttl }
+
+// Scope names one key of one caller.
+type Scope struct {
+	// TenantID is the caller's tenant.
+	TenantID string
+	// UserID is the caller.
+	UserID string
+	// Key is the client's idempotency key ([ValidKey]).
+	Key string
+}
+
+// ValidKey reports whether k may be an idempotency key: 1 to 255
+// printable ASCII characters, no space.
+func ValidKey(k string) bool {
+	if k == "" || len(k) > MaxKeyLength {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		if k[i] <= 0x20 || k[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// redisKey returns the hash of sc.
+func (s *Store) redisKey(sc Scope) string {
+	return s.prefix + ":" + url.QueryEscape(sc.TenantID) + ":" + url.QueryEscape(sc.UserID) + ":" + url.QueryEscape(sc.Key)
+}
+
+// Fingerprint hashes the parts of a request (length-prefixed, so that
+// parts cannot run into each other) into a hex SHA-256.
+func Fingerprint(parts ...[]byte) string {
+	h := sha256.New()
+	for _, p := range parts {
+		var n [8]byte
+		l := uint64(len(p))
+		for i := range n {
+			n[i] = byte(l >> (8 * i))
+		}
+		h.Write(n[:])
+		h.Write(p)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// Response is a stored response.
+type Response struct {
+	// Status is the HTTP status.
+	Status int
+	// Header holds the headers that are replayed.
+	Header http.Header
+	// Body is the body, byte for byte.
+	Body []byte
+}
+
+// claimScript: KEYS[1] record; ARGV owner, fingerprint, lease ms, ttl ms.
+var claimScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local r = redis.call('HMGET', KEYS[1], 'state', 'owner', 'fp', 'lease')
+if not r[1] then
+  redis.call('HSET', KEYS[1], 'state', 'pending', 'owner', ARGV[1], 'fp', ARGV[2], 'lease', now + tonumber(ARGV[3]))
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+  return {'claimed'}
+end
+if r[3] ~= ARGV[2] then return {'mismatch'} end
+if r[1] == 'done' then
+  local d = redis.call('HMGET', KEYS[1], 'status', 'header', 'body')
+  return {'done', d[1], d[2], d[3]}
+end
+local lease = tonumber(r[4]) or 0
+if lease <= now then
+  redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'lease', now + tonumber(ARGV[3]))
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+  return {'reclaimed', r[2]}
+end
+return {'pending', tostring(lease - now)}`)
+
+// renewScript: KEYS[1] record; ARGV owner, lease ms.
+var renewScript = redis.NewScript(`
+local r = redis.call('HMGET', KEYS[1], 'state', 'owner')
+if r[1] ~= 'pending' or r[2] ~= ARGV[1] then return 0 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[1], 'lease', now + tonumber(ARGV[2]))
+return 1`)
+
+// finishScript: KEYS[1] record; ARGV owner, status, header, body, ttl ms.
+var finishScript = redis.NewScript(`
+local r = redis.call('HMGET', KEYS[1], 'state', 'owner')
+if r[1] ~= 'pending' or r[2] ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'done', 'status', ARGV[2], 'header', ARGV[3], 'body', ARGV[4])
+redis.call('HDEL', KEYS[1], 'lease')
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+return 1`)
+
+// releaseScript: KEYS[1] record; ARGV owner.
+var releaseScript = redis.NewScript(`
+local r = redis.call('HMGET', KEYS[1], 'state', 'owner')
+if r[1] ~= 'pending' or r[2] ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+return 1`)
+
+// Begin claims sc's key for a request with fingerprint fp, or returns the
+// stored response of the request that used it before. It waits (polling,
+// at most [Config].WaitTimeout) while another owner holds the key. Exactly
+// one of the claim and the response is non-nil on success. Errors:
+// [ErrKeyReused], [ErrInProgress], [ErrUnavailable] (wrapping the Redis
+// error) and ctx's error.
+func (s *Store) Begin(ctx context.Context, sc Scope, fp string) (*Claim, *Response, error) {
+	if !ValidKey(sc.Key) {
+		return nil, nil, fmt.Errorf("idempotency: invalid key %q", sc.Key)
+	}
+	key := s.redisKey(sc)
+	owner := newOwner()
+	deadline := time.Now().Add(s.wait)
+	pause := 5 * time.Millisecond
+	for {
+		res, err := claimScript.Run(ctx, s.rdb, []string{key}, owner, fp, s.lease.Milliseconds(), s.ttl.Milliseconds()).Slice()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, nil, ctx.Err()
+			}
+			return nil, nil, fmt.Errorf("%w: claim: %w", ErrUnavailable, err)
+		}
+		kind, _ := res[0].(string)
+		switch kind {
+		case "claimed":
+			return s.newClaim(key, owner, ""), nil, nil
+		case "reclaimed":
+			prev, _ := res[1].(string)
+			s.reclaims.Inc()
+			s.log.Warn("idempotency key reclaimed after its owner's lease ran out", "key", sc.Key, "previous_owner", prev, "owner", owner)
+			return s.newClaim(key, owner, prev), nil, nil
+		case "mismatch":
+			return nil, nil, ErrKeyReused
+		case "done":
+			resp, err := decodeResponse(res[1:])
+			if err != nil {
+				return nil, nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+			}
+			s.replays.Inc()
+			return nil, resp, nil
+		case "pending":
+			remaining, _ := res[1].(string)
+			leaseLeft, _ := strconv.Atoi(remaining)
+			wait := min(pause, time.Duration(leaseLeft+1)*time.Millisecond)
+			if time.Now().Add(wait).After(deadline) {
+				return nil, nil, ErrInProgress
+			}
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return nil, nil, ctx.Err()
+			case <-t.C:
+			}
+			pause = min(pause*2, 100*time.Millisecond)
+		default:
+			return nil, nil, fmt.Errorf("%w: unexpected claim answer %v", ErrUnavailable, res)
+		}
+	}
+}
+
+func decodeResponse(f []any) (*Response, error) {
+	if len(f) != 3 {
+		return nil, errors.New("stored response is incomplete")
+	}
+	st, _ := f[0].(string)
+	hdr, _ := f[1].(string)
+	body, _ := f[2].(string)
+	status, err := strconv.Atoi(st)
+	if err != nil {
+		return nil, fmt.Errorf("stored status %q: %w", st, err)
+	}
+	r := &Response{Status: status, Body: []byte(body), Header: http.Header{}}
+	if hdr != "" {
+		if err := json.Unmarshal([]byte(hdr), &r.Header); err != nil {
+			return nil, fmt.Errorf("stored header: %w", err)
+		}
+	}
+	return r, nil
+}
+
+func newOwner() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// Claim is the ownership of one key. Its lease is renewed in the
+// background until [Claim.Finish] or [Claim.Release]; call one of them
+// exactly once.
+type Claim struct {
+	s        *Store
+	key      string
+	owner    string
+	previous string
+	// mu serialises a renewal with stopRenewal: a stopped claim is never
+	// renewed again, and stopRenewal waits for one in flight.
+	mu      sync.Mutex
+	timer   *time.Timer
+	stopped bool
+}
+
+func (s *Store) newClaim(key, owner, previous string) *Claim {
+	c := &Claim{s: s, key: key, owner: owner, previous: previous}
+	c.mu.Lock()
+	c.timer = time.AfterFunc(s.lease/3, c.renew)
+	c.mu.Unlock()
+	return c
+}
+
+// Owner returns the claim's owner token.
+func (c *Claim) Owner() string { return c.owner }
+
+// PreviousOwner returns the owner whose expired lease this claim took over
+// ("" for a fresh claim).
+func (c *Claim) PreviousOwner() string { return c.previous }
+
+// renew extends the lease and schedules the next renewal (a timer, not a
+// goroutine per claim: most requests finish long before the first one).
+func (c *Claim) renew() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopped {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.s.lease/3)
+	ok, err := renewScript.Run(ctx, c.s.rdb, []string{c.key}, c.owner, c.s.lease.Milliseconds()).Int()
+	cancel()
+	switch {
+	case err != nil:
+		c.s.log.Warn("idempotency lease renewal failed", "owner", c.owner, "error", err)
+	case ok == 0:
+		c.s.log.Warn("idempotency claim lost to another owner", "owner", c.owner)
+		return
+	}
+	c.timer.Reset(c.s.lease / 3)
+}
+
+// stopRenewal ends the renewals, waiting for one in flight.
+func (c *Claim) stopRenewal() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.stopped = true
+	c.timer.Stop()
+}
+
+// Finish stores r as the key's outcome, unless the claim was taken over or
+// finished ([ErrNotOwner]). A Redis failure is wrapped in [ErrUnavailable];
+// the key then stays pending until its lease runs out.
+func (c *Claim) Finish(ctx context.Context, r Response) error {
+	c.stopRenewal()
+	hdr, err := json.Marshal(r.Header)
+	if err != nil {
+		return fmt.Errorf("idempotency: encode header: %w", err)
+	}
+	ok, err := finishScript.Run(ctx, c.s.rdb, []string{c.key}, c.owner, r.Status, hdr, r.Body, c.s.ttl.Milliseconds()).Int()
+	if err != nil {
+		return fmt.Errorf("%w: finish: %w", ErrUnavailable, err)
+	}
+	if ok == 0 {
+		return ErrNotOwner
+	}
+	return nil
+}
+
+// finishTimeout bounds one background [Claim.FinishAsync].
+const finishTimeout = 10 * time.Second
+
+// FinishAsync is [Claim.Finish] in a goroutine the store owns, so that the
+// caller can answer its client at once; done (when not nil) gets Finish's
+// error. [Store.Close] waits for it. A retry that arrives before the
+// response is stored waits for it like any duplicate. After Close it runs
+// synchronously.
+func (c *Claim) FinishAsync(r Response, done func(error)) {
+	run := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
+		defer cancel()
+		err := c.Finish(ctx, r)
+		if done != nil {
+			done(err)
+		}
+	}
+	s := c.s
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		run()
+		return
+	}
+	s.finishing.Add(1)
+	s.mu.Unlock()
+	go func() {
+		defer s.finishing.Done()
+		run()
+	}()
+}
+
+// Close waits for the responses [Claim.FinishAsync] is still storing, at
+// most until ctx ends (then it returns ctx's error). It does not close the
+// Redis client. Call it at shutdown, after the HTTP server stopped.
+func (s *Store) Close(ctx context.Context) error {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	done := make(chan struct{})
+	go func() { s.finishing.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("idempotency: close: %w", ctx.Err())
+	}
+}
+
+// Release gives the key up without a result (the request did not run, or
+// failed in a way a retry may fix), so that the next request with it runs.
+// It returns [ErrNotOwner] when the claim was taken over meanwhile.
+func (c *Claim) Release(ctx context.Context) error {
+	c.stopRenewal()
+	ok, err := releaseScript.Run(ctx, c.s.rdb, []string{c.key}, c.owner).Int()
+	if err != nil {
+		return fmt.Errorf("%w: release: %w", ErrUnavailable, err)
+	}
+	if ok == 0 {
+		return ErrNotOwner
+	}
+	return nil
+}
+
+// Abandon stops renewing the lease without touching the key, as a crashed
+// owner would; the key is claimable again once the lease runs out. Tests
+// use it to simulate a crash.
+func (c *Claim) Abandon() { c.stopRenewal() }

@@ -1,0 +1,441 @@
+package idempotency_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"net/http"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/kumiko-go/kumiko/framework/idempotency"
+	"github.com/kumiko-go/kumiko/internal/redistest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// redisURL is the shared test Redis (isolation by key prefix).
+func sharedRedis(t *testing.T) *redis.Client {
+	t.Helper()
+	url := os.Getenv("KUMIKO_TEST_REDIS_URL")
+	if url == "" {
+		url = "redis://127.0.0.1:6379/0"
+	}
+	opts, err := redis.ParseURL(url)
+	require.NoError(t, err)
+	c := redis.NewClient(opts)
+	t.Cleanup(func() { _ = c.Close() })
+	require.NoError(t, c.Ping(t.Context()).Err(), "the tests need Redis at %s", url)
+	return c
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// newStore returns a store under a prefix of its own, with its metrics.
+func newStore(t *testing.T, rdb redis.UniversalClient, cfg idempotency.Config) (*idempotency.Store, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	if cfg.Prefix == "" {
+		cfg.Prefix = "kumiko-test:idem:" + randomHex(6)
+	}
+	if cfg.TTL == 0 {
+		cfg.TTL = time.Minute
+	}
+	cfg.Metrics = reg
+	s, err := idempotency.New(rdb, &cfg)
+	require.NoError(t, err)
+	return s, reg
+}
+
+func scope(key string) idempotency.Scope {
+	return idempotency.Scope{TenantID: "acme", UserID: "alice", Key: key}
+}
+
+func response(body string) idempotency.Response {
+	return idempotency.Response{Status: http.StatusOK, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(body)}
+}
+
+func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	return 0
+}
+
+func TestSequentialReplay(t *testing.T) {
+	t.Parallel()
+	s, reg := newStore(t, sharedRedis(t), idempotency.Config{})
+	ctx := t.Context()
+
+	claim, replay, err := s.Begin(ctx, scope("k1"), "fp")
+	require.NoError(t, err)
+	require.Nil(t, replay)
+	require.NotNil(t, claim)
+	require.Empty(t, claim.PreviousOwner())
+	body := "{\"data\":{\"id\":\"x\"}}\n\x00\xff binary tail"
+	stored := idempotency.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}, "X-Kumiko-Consistency-Token": {"0/16B3748"}}, Body: []byte(body)}
+	require.NoError(t, claim.Finish(ctx, stored))
+
+	for range 3 {
+		claim, replay, err = s.Begin(ctx, scope("k1"), "fp")
+		require.NoError(t, err)
+		require.Nil(t, claim)
+		require.Equal(t, stored.Status, replay.Status)
+		require.Equal(t, stored.Header, replay.Header)
+		require.Equal(t, []byte(body), replay.Body, "replayed byte for byte")
+	}
+	require.InDelta(t, 3, counter(t, reg, "kumiko_idempotency_replays_total"), 0)
+
+	// A failure is stored and replayed like a success.
+	claim, _, err = s.Begin(ctx, scope("k2"), "fp")
+	require.NoError(t, err)
+	failure := idempotency.Response{Status: 409, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"error":{"code":"conflict"}}`)}
+	require.NoError(t, claim.Finish(ctx, failure))
+	_, replay, err = s.Begin(ctx, scope("k2"), "fp")
+	require.NoError(t, err)
+	require.Equal(t, failure.Status, replay.Status)
+	require.Equal(t, failure.Body, replay.Body)
+}
+
+func TestFingerprintMismatch(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t, sharedRedis(t), idempotency.Config{})
+	ctx := t.Context()
+	claim, _, err := s.Begin(ctx, scope("k"), "fp-1")
+	require.NoError(t, err)
+	// While pending.
+	_, _, err = s.Begin(ctx, scope("k"), "fp-2")
+	require.ErrorIs(t, err, idempotency.ErrKeyReused)
+	require.NoError(t, claim.Finish(ctx, response(`{}`)))
+	// When done.
+	_, _, err = s.Begin(ctx, scope("k"), "fp-2")
+	require.ErrorIs(t, err, idempotency.ErrKeyReused)
+	// The original still replays.
+	_, replay, err := s.Begin(ctx, scope("k"), "fp-1")
+	require.NoError(t, err)
+	require.Equal(t, []byte(`{}`), replay.Body)
+}
+
+func TestScopeIsolation(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t, sharedRedis(t), idempotency.Config{})
+	ctx := t.Context()
+	scopes := []idempotency.Scope{
+		{TenantID: "acme", UserID: "alice", Key: "same"},
+		{TenantID: "acme", UserID: "bob", Key: "same"},
+		{TenantID: "globex", UserID: "alice", Key: "same"},
+		// Separators inside ids must not make two scopes meet.
+		{TenantID: "acme:alice", UserID: "x", Key: "same"},
+		{TenantID: "acme", UserID: "alice:x", Key: "same"},
+	}
+	for i, sc := range scopes {
+		claim, replay, err := s.Begin(ctx, sc, "fp-"+sc.TenantID+sc.UserID)
+		require.NoError(t, err, "scope %d", i)
+		require.Nil(t, replay, "scope %d must not see another scope's result", i)
+		require.NoError(t, claim.Finish(ctx, response(sc.TenantID+"/"+sc.UserID)))
+	}
+	for _, sc := range scopes {
+		_, replay, err := s.Begin(ctx, sc, "fp-"+sc.TenantID+sc.UserID)
+		require.NoError(t, err)
+		require.Equal(t, sc.TenantID+"/"+sc.UserID, string(replay.Body))
+	}
+}
+
+func TestConcurrentDuplicatesWaitForTheOwner(t *testing.T) {
+	t.Parallel()
+	s, reg := newStore(t, sharedRedis(t), idempotency.Config{})
+	ctx := t.Context()
+	const n = 16
+	var claims atomic.Int32
+	bodies := make([][]byte, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			claim, replay, err := s.Begin(ctx, scope("dup"), "fp")
+			if err != nil {
+				t.Errorf("begin %d: %v", i, err)
+				return
+			}
+			if claim != nil {
+				claims.Add(1)
+				time.Sleep(200 * time.Millisecond) // the work
+				if err := claim.Finish(ctx, response("the one result")); err != nil {
+					t.Errorf("finish: %v", err)
+				}
+				bodies[i] = []byte("the one result")
+				return
+			}
+			bodies[i] = replay.Body
+		})
+	}
+	close(start)
+	wg.Wait()
+	require.EqualValues(t, 1, claims.Load(), "exactly one request runs")
+	for i := range n {
+		require.Equal(t, "the one result", string(bodies[i]), "request %d", i)
+	}
+	require.InDelta(t, n-1, counter(t, reg, "kumiko_idempotency_replays_total"), 0)
+}
+
+func TestWaitTimeoutIsInProgress(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t, sharedRedis(t), idempotency.Config{WaitTimeout: 150 * time.Millisecond})
+	ctx := t.Context()
+	claim, _, err := s.Begin(ctx, scope("slow"), "fp")
+	require.NoError(t, err)
+	defer claim.Abandon()
+	start := time.Now()
+	_, _, err = s.Begin(ctx, scope("slow"), "fp")
+	require.ErrorIs(t, err, idempotency.ErrInProgress)
+	require.Less(t, time.Since(start), 2*time.Second)
+}
+
+func TestCrashedOwnerIsReclaimed(t *testing.T) {
+	t.Parallel()
+	s, reg := newStore(t, sharedRedis(t), idempotency.Config{Lease: 300 * time.Millisecond})
+	ctx := t.Context()
+	crashed, _, err := s.Begin(ctx, scope("crash"), "fp")
+	require.NoError(t, err)
+	crashed.Abandon() // the process died: no renewal, no finish
+
+	start := time.Now()
+	claim, replay, err := s.Begin(ctx, scope("crash"), "fp")
+	require.NoError(t, err)
+	require.Nil(t, replay)
+	require.NotNil(t, claim, "the duplicate takes the key over once the lease ran out")
+	require.Equal(t, crashed.Owner(), claim.PreviousOwner())
+	require.NotEqual(t, crashed.Owner(), claim.Owner())
+	require.GreaterOrEqual(t, time.Since(start), 200*time.Millisecond, "not before the lease ran out")
+	require.NoError(t, claim.Finish(ctx, response("second")))
+	require.InDelta(t, 1, counter(t, reg, "kumiko_idempotency_reclaims_total"), 0)
+
+	// The crashed owner comes back: it can neither finish nor release.
+	require.ErrorIs(t, crashed.Finish(ctx, response("first")), idempotency.ErrNotOwner)
+	_, replay, err = s.Begin(ctx, scope("crash"), "fp")
+	require.NoError(t, err)
+	require.Equal(t, "second", string(replay.Body))
+}
+
+func TestStaleOwnerCannotOverwrite(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t, sharedRedis(t), idempotency.Config{Lease: 200 * time.Millisecond})
+	ctx := t.Context()
+	stale, _, err := s.Begin(ctx, scope("stale"), "fp")
+	require.NoError(t, err)
+	stale.Abandon() // paused past its lease (a long GC pause, a partition)
+	newer, _, err := s.Begin(ctx, scope("stale"), "fp")
+	require.NoError(t, err)
+	require.NotNil(t, newer)
+
+	// While the newer owner runs, the stale one wakes up and tries to
+	// store or release: both refused.
+	require.ErrorIs(t, stale.Finish(ctx, response("stale")), idempotency.ErrNotOwner)
+	require.ErrorIs(t, stale.Release(ctx), idempotency.ErrNotOwner)
+	require.NoError(t, newer.Finish(ctx, response("newer")))
+	_, replay, err := s.Begin(ctx, scope("stale"), "fp")
+	require.NoError(t, err)
+	require.Equal(t, "newer", string(replay.Body))
+}
+
+func TestLeaseIsRenewedWhileTheOwnerRuns(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t, sharedRedis(t), idempotency.Config{Lease: 150 * time.Millisecond})
+	ctx := t.Context()
+	owner, _, err := s.Begin(ctx, scope("long"), "fp")
+	require.NoError(t, err)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		time.Sleep(700 * time.Millisecond) // several leases long
+		if err := owner.Finish(ctx, response("long work")); err != nil {
+			t.Errorf("finish: %v", err)
+		}
+	}()
+	claim, replay, err := s.Begin(ctx, scope("long"), "fp")
+	<-done
+	require.NoError(t, err)
+	require.Nil(t, claim, "a running owner keeps its key")
+	require.Equal(t, "long work", string(replay.Body))
+}
+
+func TestReleaseLetsTheNextRequestRun(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t, sharedRedis(t), idempotency.Config{})
+	ctx := t.Context()
+	claim, _, err := s.Begin(ctx, scope("rel"), "fp")
+	require.NoError(t, err)
+	require.NoError(t, claim.Release(ctx))
+	claim, replay, err := s.Begin(ctx, scope("rel"), "fp")
+	require.NoError(t, err)
+	require.Nil(t, replay)
+	require.NotNil(t, claim)
+	require.NoError(t, claim.Finish(ctx, response("ok")))
+}
+
+func TestTTL(t *testing.T) {
+	t.Parallel()
+	rdb := sharedRedis(t)
+	prefix := "kumiko-test:idem:" + randomHex(6)
+	s, _ := newStore(t, rdb, idempotency.Config{Prefix: prefix, TTL: 2 * time.Hour})
+	ctx := t.Context()
+	claim, _, err := s.Begin(ctx, scope("ttl"), "fp")
+	require.NoError(t, err)
+	require.NoError(t, claim.Finish(ctx, response("ok")))
+	keys, err := rdb.Keys(ctx, prefix+":*").Result()
+	require.NoError(t, err)
+	require.Len(t, keys, 1)
+	ttl, err := rdb.PTTL(ctx, keys[0]).Result()
+	require.NoError(t, err)
+	require.Greater(t, ttl, 119*time.Minute)
+	require.LessOrEqual(t, ttl, 2*time.Hour)
+}
+
+func TestRedisDown(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	s, _ := newStore(t, srv.Client(), idempotency.Config{})
+	ctx := t.Context()
+	claim, _, err := s.Begin(ctx, scope("before"), "fp")
+	require.NoError(t, err)
+	require.NoError(t, claim.Finish(ctx, response("ok")))
+
+	srv.Stop()
+	_, _, err = s.Begin(ctx, scope("down"), "fp")
+	require.ErrorIs(t, err, idempotency.ErrUnavailable)
+
+	srv.Start() // empty again: no persistence
+	claim, replay, err := s.Begin(ctx, scope("down"), "fp")
+	require.NoError(t, err)
+	require.Nil(t, replay)
+	require.NoError(t, claim.Finish(ctx, response("ok")))
+}
+
+func TestFinishWhileRedisDown(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	s, _ := newStore(t, srv.Client(), idempotency.Config{})
+	ctx := t.Context()
+	claim, _, err := s.Begin(ctx, scope("k"), "fp")
+	require.NoError(t, err)
+	srv.Stop()
+	require.ErrorIs(t, claim.Finish(ctx, response("ok")), idempotency.ErrUnavailable)
+}
+
+func TestBeginHonoursContext(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t, sharedRedis(t), idempotency.Config{})
+	held, _, err := s.Begin(t.Context(), scope("ctx"), "fp")
+	require.NoError(t, err)
+	defer held.Abandon()
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	_, _, err = s.Begin(ctx, scope("ctx"), "fp")
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+}
+
+func TestMetricsRegisterTwice(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	rdb := sharedRedis(t)
+	_, err := idempotency.New(rdb, &idempotency.Config{Metrics: reg})
+	require.NoError(t, err)
+	_, err = idempotency.New(rdb, &idempotency.Config{Metrics: reg})
+	require.NoError(t, err, "a second store on the same registry shares the collectors")
+	require.Equal(t, 2, testutil.CollectAndCount(reg))
+}
+
+func TestValidKey(t *testing.T) {
+	t.Parallel()
+	for _, k := range []string{"a", "0f3b-uuid-like", "x:y/z", string(make([]byte, 0)) + "~"} {
+		require.True(t, idempotency.ValidKey(k), k)
+	}
+	long := make([]byte, idempotency.MaxKeyLength+1)
+	for i := range long {
+		long[i] = 'a'
+	}
+	for _, k := range []string{"", "has space", "tab\t", "ünïcode", string(long), "nul\x00"} {
+		require.False(t, idempotency.ValidKey(k), k)
+	}
+	require.True(t, idempotency.ValidKey(string(long[:idempotency.MaxKeyLength])))
+}
+
+func FuzzValidKey(f *testing.F) {
+	for _, s := range []string{"", "a", "a b", "ü", "x\x7f", "~!"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, k string) {
+		ok := idempotency.ValidKey(k)
+		if ok != (len(k) >= 1 && len(k) <= idempotency.MaxKeyLength && printable(k)) {
+			t.Fatalf("ValidKey(%q) = %v", k, ok)
+		}
+	})
+}
+
+func printable(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '!' || s[i] > '~' {
+			return false
+		}
+	}
+	return true
+}
+
+func FuzzFingerprint(f *testing.F) {
+	f.Add([]byte("ab"), []byte("c"), []byte("a"), []byte("bc"))
+	f.Fuzz(func(t *testing.T, a1, a2, b1, b2 []byte) {
+		same := string(a1) == string(b1) && string(a2) == string(b2)
+		if (idempotency.Fingerprint(a1, a2) == idempotency.Fingerprint(b1, b2)) != same {
+			t.Fatalf("fingerprints of (%q,%q) and (%q,%q): equal=%v, parts equal=%v", a1, a2, b1, b2, !same, same)
+		}
+	})
+}
+
+func TestFinishAsyncAndClose(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t, sharedRedis(t), idempotency.Config{})
+	ctx := t.Context()
+	const n = 20
+	errs := make(chan error, n+1)
+	for i := range n {
+		claim, _, err := s.Begin(ctx, scope("async-"+strconv.Itoa(i)), "fp")
+		require.NoError(t, err)
+		claim.FinishAsync(response("r"+strconv.Itoa(i)), func(err error) { errs <- err })
+	}
+	require.NoError(t, s.Close(ctx), "Close waits for the responses being stored")
+	require.Len(t, errs, n, "every background finish ran before Close returned")
+	for i := range n {
+		require.NoError(t, <-errs)
+		_, replay, err := s.Begin(ctx, scope("async-"+strconv.Itoa(i)), "fp")
+		require.NoError(t, err)
+		require.Equal(t, "r"+strconv.Itoa(i), string(replay.Body))
+	}
+	// After Close a finish runs in the caller.
+	claim, _, err := s.Begin(ctx, scope("after-close"), "fp")
+	require.NoError(t, err)
+	claim.FinishAsync(response("sync"), func(err error) { errs <- err })
+	require.Len(t, errs, 1)
+	require.NoError(t, <-errs)
+}

@@ -1,0 +1,291 @@
+package framework
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"sort"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// ReadRouter chooses the connection a query runs on; framework/replica
+// implements it for a streaming replica. Set it with
+// [RuntimeConfig].ReadRouter or [Runtime.SetReadRouter].
+type ReadRouter interface {
+	// AcquireRead returns a connection for a query. With a consistency
+	// token ([Runtime.WriteWithToken]) it must return a connection whose
+	// server has applied the token's write; with "" any read connection.
+	// A *[Error] it returns reaches the client as is; any other error is
+	// answered 503 unavailable.
+	AcquireRead(ctx context.Context, token string) (*pgxpool.Conn, error)
+}
+
+// QueryCacheStore keeps the results of cached queries (declared with
+// [QueryOptions].Cache); framework/cache implements it on Redis. Set it with
+// [RuntimeConfig].QueryCache or [Runtime.SetQueryCache].
+//
+// Its invalidations come from the event log: a consumer of the events named
+// by [InvalidatedBy] removes the entities they change (see
+// [Registry.CacheInvalidations]). To keep a fill that raced an invalidation
+// from storing an old state, Lookup returns a stamp and Fill stores only
+// when the entity's stamp is still the same.
+type QueryCacheStore interface {
+	// Lookup returns the cached JSON result of (tenant, query, key) (nil
+	// on a miss) and the entity's current stamp: the consistency token of
+	// its last invalidation ("" when none). On a miss the runtime loads the
+	// entity at or after the stamp. An error means the store cannot be
+	// used now; the runtime then reads the database and does not fill.
+	Lookup(ctx context.Context, tenant, query, key string) (value []byte, stamp string, err error)
+	// Fill stores value for ttl unless the entity was invalidated after
+	// the Lookup that returned stamp.
+	Fill(ctx context.Context, tenant, query, key, stamp string, value []byte, ttl time.Duration) error
+}
+
+// ValidConsistencyToken reports whether s has the form of a consistency
+// token: a PostgreSQL WAL position "X/Y" with 1 to 8 hex digits on each side.
+func ValidConsistencyToken(s string) bool {
+	hi, lo, ok := cutByte(s, '/')
+	return ok && isHex(hi) && isHex(lo)
+}
+
+func cutByte(s string, sep byte) (string, string, bool) {
+	for i := 0; i < len(s); i++ {
+		if s[i] == sep {
+			return s[:i], s[i+1:], true
+		}
+	}
+	return s, "", false
+}
+
+func isHex(s string) bool {
+	if s == "" || len(s) > 8 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('0' <= c && c <= '9' || 'A' <= c && c <= 'F' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// DefaultCacheTTL is the time to live of a cached query result when
+// [CacheBy] gets none.
+const DefaultCacheTTL = 5 * time.Minute
+
+// QueryCache declares a query a cached single-entity read. Build it with
+// [CacheBy] and put it in [QueryOptions].Cache.
+type QueryCache struct {
+	in            reflect.Type
+	key           func(in any) string
+	ttl           time.Duration
+	invalidations []Invalidation
+}
+
+// CacheBy declares a cached single-entity read for a query whose input type
+// is In: key names the entity an input reads (for example its id; "" means
+// "do not cache this call"), ttl bounds how long a result is kept (zero or
+// negative: [DefaultCacheTTL]), and invalidatedBy lists the events that
+// change the entity. The cache is keyed by tenant, query and key, so a
+// result must depend on nothing else (not on the calling user).
+//
+// Without a store ([RuntimeConfig].QueryCache) the declaration changes
+// nothing. A query with a different input type, or an invalidation naming
+// an event this registry did not declare, is a registration problem.
+func CacheBy[In any](ttl time.Duration, key func(in In) string, invalidatedBy ...Invalidation) *QueryCache {
+	if ttl <= 0 {
+		ttl = DefaultCacheTTL
+	}
+	c := &QueryCache{in: reflect.TypeFor[In](), ttl: ttl, invalidations: invalidatedBy}
+	if key != nil {
+		c.key = func(in any) string { return key(in.(In)) }
+	}
+	return c
+}
+
+// Invalidation says which cached entity an event changes. Build it with
+// [InvalidatedBy].
+type Invalidation struct {
+	def *eventDef
+	key func(env Envelope) (string, error)
+}
+
+// InvalidatedBy says that events of type ev change the entity key returns
+// (the same key the query's [CacheBy] key function gives; "" for none).
+func InvalidatedBy[T any](ev EventType[T], key func(e Event[T]) string) Invalidation {
+	inv := Invalidation{def: ev.def}
+	if key != nil && ev.def != nil {
+		def := ev.def
+		inv.key = func(env Envelope) (string, error) {
+			e, err := decodeEvent[T](def, env)
+			if err != nil {
+				return "", err
+			}
+			return key(e), nil
+		}
+	}
+	return inv
+}
+
+// cachedQuery is a query's cache declaration, bound to its types.
+type cachedQuery struct {
+	*QueryCache
+	// keyOf decodes and validates a payload and returns its entity key.
+	keyOf func(payload json.RawMessage) (string, error)
+	// decode turns a cached JSON result into the query's result type.
+	decode func(b []byte) (any, error)
+}
+
+// bindCache checks c against the query q with input In and output Out.
+func bindCache[In, Out any](f *Feature, q string, c *QueryCache) *cachedQuery {
+	r := f.reg
+	if c.in != reflect.TypeFor[In]() {
+		r.problem("query %s: cache key takes %s, the query's input is %s", q, c.in, reflect.TypeFor[In]())
+		return nil
+	}
+	if c.key == nil {
+		r.problem("query %s: cache without a key function", q)
+		return nil
+	}
+	for _, inv := range c.invalidations {
+		if inv.def == nil || r.events[inv.def.qualified] != inv.def {
+			r.problem("query %s: cache invalidated by undeclared event %q", q, inv.def.name())
+			return nil
+		}
+		if inv.key == nil {
+			r.problem("query %s: cache invalidation by %s has no key function", q, inv.def.qualified)
+			return nil
+		}
+	}
+	return &cachedQuery{
+		QueryCache: c,
+		keyOf: func(payload json.RawMessage) (string, error) {
+			var in In
+			if err := DecodePayload(payload, &in); err != nil {
+				return "", err
+			}
+			return c.key(in), nil
+		},
+		decode: func(b []byte) (any, error) {
+			var out Out
+			if err := json.Unmarshal(b, &out); err != nil {
+				return nil, err
+			}
+			return out, nil
+		},
+	}
+}
+
+// name returns the qualified name, "" for a nil definition.
+func (d *eventDef) name() string {
+	if d == nil {
+		return ""
+	}
+	return d.qualified
+}
+
+// cachedQuery answers a cached query: from the store, else from the
+// database (at or after the entity's stamp), filling the store.
+func (rt *Runtime) cachedQuery(ctx context.Context, call Call, d *queryDef, payload json.RawMessage) (any, error) {
+	key, err := d.cache.keyOf(payload)
+	if err != nil {
+		return nil, err
+	}
+	if key == "" {
+		return rt.query(ctx, call, d, payload, "")
+	}
+	tenant := call.Principal.TenantID
+	value, stamp, lookupErr := rt.cache.Lookup(ctx, tenant, d.qualified, key)
+	if lookupErr == nil && value != nil {
+		out, err := d.cache.decode(value)
+		if err == nil {
+			return out, nil
+		}
+		// A result of an older shape: load and overwrite it.
+		rt.logger.Debug("query cache: undecodable entry", "query", d.qualified, "error", err)
+	}
+	if !ValidConsistencyToken(stamp) {
+		stamp = ""
+	}
+	out, err := rt.query(ctx, call, d, payload, stamp)
+	if err != nil || lookupErr != nil {
+		return out, err
+	}
+	b, err := json.Marshal(out)
+	if err != nil {
+		return nil, fmt.Errorf("kumiko: query %s: encode result for the cache: %w", d.qualified, err)
+	}
+	if err := rt.cache.Fill(ctx, tenant, d.qualified, key, stamp, b, d.cache.ttl); err != nil {
+		rt.logger.Debug("query cache: fill failed", "query", d.qualified, "error", err)
+	}
+	return out, nil
+}
+
+// CacheKey names one cached entity.
+type CacheKey struct {
+	// Query is the qualified query type.
+	Query string
+	// Key is the entity's key within the query.
+	Key string
+	// TTL is the query's cache time to live.
+	TTL time.Duration
+}
+
+// HasCachedQueries reports whether any query declares a cache.
+func (r *Registry) HasCachedQueries() bool {
+	for _, d := range r.queries {
+		if d.cache != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// CacheEventTypes lists, sorted, the event types that invalidate cached
+// query results: the event types a cache invalidation consumer reads.
+func (r *Registry) CacheEventTypes() []string {
+	seen := map[string]bool{}
+	for _, d := range r.queries {
+		if d.cache == nil {
+			continue
+		}
+		for _, inv := range d.cache.invalidations {
+			seen[inv.def.qualified] = true
+		}
+	}
+	out := make([]string, 0, len(seen))
+	for t := range seen {
+		out = append(out, t)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// CacheInvalidations returns the cached entities env changes (in env's
+// tenant), sorted by query. It fails when env's payload cannot be decoded.
+func (r *Registry) CacheInvalidations(env Envelope) ([]CacheKey, error) {
+	var out []CacheKey
+	for _, q := range sortedKeys(r.queries) {
+		d := r.queries[q]
+		if d.cache == nil {
+			continue
+		}
+		for _, inv := range d.cache.invalidations {
+			if inv.def.qualified != env.Type {
+				continue
+			}
+			key, err := inv.key(env)
+			if err != nil {
+				return nil, err
+			}
+			if key != "" {
+				out = append(out, CacheKey{Query: q, Key: key, TTL: d.cache.ttl})
+			}
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,166 @@
+package framework_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kumiko-go/kumiko/framework"
+	"github.com/kumiko-go/kumiko/framework/kumikotest"
+)
+
+// readsPlaced and readsGet are the payloads of the reads examples.
+type readsPlaced struct {
+	OrderID string `json:"orderId" validate:"required"`
+}
+
+type readsGet struct {
+	OrderID string `json:"orderId" validate:"required"`
+}
+
+// ExampleCacheBy declares a cached single-entity read: the key names the
+// entity a query input reads, and each InvalidatedBy names an event that
+// changes it. The framework/cache consumer of those events drops the
+// entity from the cache.
+func ExampleCacheBy() {
+	reg := framework.NewRegistry()
+	f := reg.Feature("shop")
+	renamed := framework.DefineEvent[readsPlaced](f, "renamed", nil)
+	framework.Query(f, "get", func(ctx context.Context, tx *framework.Tx, in readsGet) (string, error) {
+		return "order " + in.OrderID, nil
+	}, &framework.QueryOptions{
+		Cache: framework.CacheBy(time.Minute, func(in readsGet) string { return in.OrderID },
+			framework.InvalidatedBy(renamed, func(e framework.Event[readsPlaced]) string { return e.Payload.OrderID })),
+	})
+	if err := reg.Build(); err != nil {
+		fmt.Println(err)
+		return
+	}
+	keys, _ := reg.CacheInvalidations(framework.Envelope{Type: "shop:event:renamed", Payload: json.RawMessage(`{"orderId":"o-1"}`)})
+	fmt.Println(reg.CacheEventTypes(), keys[0].Query, keys[0].Key, keys[0].TTL)
+	// Output: [shop:event:renamed] shop:query:get o-1 1m0s
+}
+
+var tokenPattern = regexp.MustCompile(`^[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$`)
+
+func FuzzValidConsistencyToken(f *testing.F) {
+	for _, s := range []string{"0/0", "1/6D4ED0B8", "FFFFFFFF/FFFFFFFF", "", "/", "0/", "1/2/3", "123456789/0", "g/0", " 0/0"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if got, want := framework.ValidConsistencyToken(s), tokenPattern.MatchString(s); got != want {
+			t.Fatalf("ValidConsistencyToken(%q) = %v, want %v", s, got, want)
+		}
+	})
+}
+
+// TestWriteWithToken: the token is a WAL position PostgreSQL accepts, at
+// or after the commit, and later writes get later tokens.
+func TestWriteWithToken(t *testing.T) {
+	t.Parallel()
+	db := kumikotest.NewDB(t)
+	reg := framework.NewRegistry()
+	f := reg.Feature("tok")
+	framework.Write(f, "touch", func(ctx context.Context, tx *framework.Tx, _ struct{}) (int, error) {
+		_, err := tx.Exec(ctx, `SELECT 1`)
+		return 1, err
+	}, nil)
+	rt, err := framework.NewRuntime(reg, db.Pool, nil)
+	require.NoError(t, err)
+	call := framework.Call{Principal: framework.Principal{UserID: "u", TenantID: "acme"}}
+	cmds := []framework.Command{{Type: "tok:write:touch"}}
+	_, t1, err := rt.WriteWithToken(t.Context(), call, cmds)
+	require.NoError(t, err)
+	out, t2, err := rt.WriteWithToken(t.Context(), call, cmds)
+	require.NoError(t, err)
+	require.Equal(t, []any{1}, out)
+	require.True(t, framework.ValidConsistencyToken(t1), t1)
+	var later, reached bool
+	require.NoError(t, db.Pool.QueryRow(t.Context(), `SELECT $1::pg_lsn >= $2::pg_lsn, pg_current_wal_insert_lsn() >= $1::pg_lsn`, t2, t1).Scan(&later, &reached))
+	require.True(t, later, "%s then %s", t1, t2)
+	require.True(t, reached)
+}
+
+// TestAbortedCommitIsAnError: a handler that ignores a failed statement
+// and returns success must not be reported as committed: PostgreSQL
+// answers the COMMIT of the aborted transaction with ROLLBACK.
+func TestAbortedCommitIsAnError(t *testing.T) {
+	t.Parallel()
+	db := kumikotest.NewDB(t)
+	reg := framework.NewRegistry()
+	f := reg.Feature("abort")
+	noted := framework.DefineEvent[readsPlaced](f, "noted", nil)
+	framework.Write(f, "swallow", func(ctx context.Context, tx *framework.Tx, _ struct{}) (string, error) {
+		if err := tx.Append(framework.Stream{Type: "s", ID: "1"}, framework.AnyVersion, noted.With(readsPlaced{OrderID: "1"})); err != nil {
+			return "", err
+		}
+		if _, err := tx.Flush(ctx); err != nil { // written now: the COMMIT batch holds nothing else
+			return "", err
+		}
+		_, _ = tx.Exec(ctx, `SELECT 1/0`) // fails; the handler ignores it
+		return "ok", nil
+	}, nil)
+	rt, err := framework.NewRuntime(reg, db.Pool, nil)
+	require.NoError(t, err)
+	call := framework.Call{Principal: framework.Principal{UserID: "u", TenantID: "acme"}}
+	_, err = rt.Write(t.Context(), call, []framework.Command{{Type: "abort:write:swallow"}})
+	require.Error(t, err)
+	var n int
+	require.NoError(t, db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM events`).Scan(&n))
+	require.Zero(t, n)
+}
+
+// pinnedRouter sends every query to one pool and records the tokens.
+type pinnedRouter struct {
+	pool   *pgxpool.Pool
+	tokens []string
+	err    error
+}
+
+func (r *pinnedRouter) AcquireRead(ctx context.Context, token string) (*pgxpool.Conn, error) {
+	r.tokens = append(r.tokens, token)
+	if r.err != nil {
+		return nil, r.err
+	}
+	return r.pool.Acquire(ctx)
+}
+
+// TestQueryRouting: queries ask the read router with the call's token; a
+// malformed token is a bad request; a router failure is unavailable.
+func TestQueryRouting(t *testing.T) {
+	t.Parallel()
+	db := kumikotest.NewDB(t)
+	reg := framework.NewRegistry()
+	framework.Query(reg.Feature("route"), "ping", func(ctx context.Context, tx *framework.Tx, _ struct{}) (string, error) {
+		return "pong", nil
+	}, nil)
+	router := &pinnedRouter{pool: db.Pool}
+	rt, err := framework.NewRuntime(reg, db.Pool, &framework.RuntimeConfig{ReadRouter: router})
+	require.NoError(t, err)
+	call := framework.Call{Principal: framework.Principal{UserID: "u", TenantID: "acme"}}
+	cmd := framework.Command{Type: "route:query:ping"}
+	out, err := rt.Query(t.Context(), call, cmd)
+	require.NoError(t, err)
+	require.Equal(t, "pong", out)
+	call.ConsistencyToken = "0/16B3748"
+	_, err = rt.Query(t.Context(), call, cmd)
+	require.NoError(t, err)
+	require.Equal(t, []string{"", "0/16B3748"}, router.tokens)
+
+	call.ConsistencyToken = "0/16B3748; DROP TABLE"
+	_, err = rt.Query(t.Context(), call, cmd)
+	require.ErrorIs(t, err, &framework.Error{Code: framework.CodeBadRequest})
+	require.Len(t, router.tokens, 2, "a malformed token reaches no database")
+
+	router.err = errors.New("replica pool closed")
+	call.ConsistencyToken = ""
+	_, err = rt.Query(t.Context(), call, cmd)
+	require.ErrorIs(t, err, &framework.Error{Code: framework.CodeUnavailable})
+}

@@ -1,0 +1,28 @@
+// Package replica routes Kumiko's queries to a streaming read replica with
+// read-your-writes.
+//
+// # Routing
+//
+// A [Router] is the [framework.ReadRouter] of a runtime whose
+// DATABASE_READ_URL is set: every query runs on the replica pool; write
+// handlers, the dispatcher and jobs never ask it and always use the primary.
+//
+// # Read-your-writes
+//
+// Every write answers a consistency token: the primary's WAL position right
+// after its COMMIT ([framework.Runtime.WriteWithToken]). A query that sends
+// it back takes a replica connection and checks, on that connection, that
+// the replica has replayed past the token (pg_last_wal_replay_lsn() >=
+// token). While it has not, it polls, for at most [Config.WaitTimeout]
+// (default 500 ms); then the query runs on the primary instead and
+// kumiko_replica_fallbacks_total counts it. The check runs on the
+// connection the query then uses, so a read URL that balances over several
+// replicas is still correct. A read server that is not in recovery (a
+// primary) counts as caught up.
+//
+// # Replica down
+//
+// When the replica cannot be reached or fails a check, the query runs on
+// the primary (kumiko_replica_fallbacks_total{reason="error"}) and so do
+// all queries for [Config].Cooldown (default 1 s).
+package replica

@@ -1,0 +1,182 @@
+package replica
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/kumiko-go/kumiko/framework"
+)
+
+// Defaults of [Config].
+const (
+	DefaultWaitTimeout  = 500 * time.Millisecond
+	DefaultPollInterval = 2 * time.Millisecond
+	DefaultCooldown     = time.Second
+)
+
+// Config tunes [New]. A nil *Config means the defaults.
+type Config struct {
+	// WaitTimeout bounds how long a query with a consistency token waits
+	// for the replica to replay past it before it runs on the primary.
+	// Defaults to 500ms.
+	WaitTimeout time.Duration
+	// PollInterval is the first pause between two replay checks; it
+	// doubles up to 8 times that. Defaults to 2ms.
+	PollInterval time.Duration
+	// Cooldown is how long queries go straight to the primary after the
+	// replica failed (so that an unreachable replica does not add its
+	// connect timeout to every query). Defaults to 1s.
+	Cooldown time.Duration
+	// Logger receives replica failures. Defaults to discarding.
+	Logger *slog.Logger
+	// Metrics registers kumiko_replica_fallbacks_total{reason}. Defaults
+	// to none.
+	Metrics prometheus.Registerer
+}
+
+// Router sends queries to the replica, and a query whose consistency token
+// the replica has not replayed in time to the primary. It is safe for
+// concurrent use.
+type Router struct {
+	primary   *pgxpool.Pool
+	replica   *pgxpool.Pool
+	wait      time.Duration
+	poll      time.Duration
+	cooldown  time.Duration
+	downUntil atomic.Int64 // unix nanos until which the replica is skipped
+	log       *slog.Logger
+	fallbacks *prometheus.CounterVec
+}
+
+// Fallback reasons, the values of the reason label.
+const (
+	// ReasonLag: the replica had not replayed the token within the wait.
+	ReasonLag = "lag"
+	// ReasonError: the replica could not be reached or answered an error.
+	ReasonError = "error"
+)
+
+// New returns a router over the primary and replica pools. It fails when a
+// pool is nil or the metrics cannot be registered.
+func New(primary, replica *pgxpool.Pool, cfg *Config) (*Router, error) {
+	if primary == nil || replica == nil {
+		return nil, errors.New("replica: primary and replica pools are required")
+	}
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	r := &Router{
+		primary:  primary,
+		replica:  replica,
+		wait:     cmp.Or(max(cfg.WaitTimeout, 0), DefaultWaitTimeout),
+		poll:     cmp.Or(max(cfg.PollInterval, 0), DefaultPollInterval),
+		cooldown: cmp.Or(max(cfg.Cooldown, 0), DefaultCooldown),
+		log:      cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
+		fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kumiko_replica_fallbacks_total",
+			Help: "Queries that ran on the primary instead of the replica: its replay lagged behind their consistency token (lag) or it failed (error).",
+		}, []string{"reason"}),
+	}
+	if cfg.Metrics != nil {
+		if err := cfg.Metrics.Register(r.fallbacks); err != nil {
+			var are prometheus.AlreadyRegisteredError
+			if !errors.As(err, &are) {
+				return nil, fmt.Errorf("replica: register metrics: %w", err)
+			}
+			r.fallbacks = are.ExistingCollector.(*prometheus.CounterVec)
+		}
+	}
+	return r, nil
+}
+
+// caughtUpSQL reports whether the server has replayed past the token; a
+// server that is not in recovery has every write it will ever serve.
+const caughtUpSQL = `SELECT coalesce(pg_last_wal_replay_lsn() >= $1::pg_lsn, true)`
+
+// AcquireRead implements [framework.ReadRouter]: a replica connection,
+// checked against token when there is one, else a primary connection. A
+// malformed token is a bad_request *framework.Error.
+func (r *Router) AcquireRead(ctx context.Context, token string) (*pgxpool.Conn, error) {
+	if token != "" && !framework.ValidConsistencyToken(token) {
+		return nil, &framework.Error{Code: framework.CodeBadRequest, Message: "malformed consistency token: send back the token of a write response unchanged"}
+	}
+	if time.Now().UnixNano() < r.downUntil.Load() {
+		return r.fallback(ctx, ReasonError, nil)
+	}
+	conn, err := r.replica.Acquire(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		return r.fallback(ctx, ReasonError, err)
+	}
+	if token == "" {
+		return conn, nil
+	}
+	deadline := time.Now().Add(r.wait)
+	pause := r.poll
+	for {
+		var ok bool
+		if err := conn.QueryRow(ctx, caughtUpSQL, token).Scan(&ok); err != nil {
+			conn.Release()
+			if ctx.Err() != nil {
+				return nil, err
+			}
+			return r.fallback(ctx, ReasonError, err)
+		}
+		if ok {
+			return conn, nil
+		}
+		if time.Until(deadline) < pause {
+			conn.Release()
+			return r.fallback(ctx, ReasonLag, nil)
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			conn.Release()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+		pause = min(pause*2, 8*r.poll)
+	}
+}
+
+// fallback counts and returns a primary connection.
+func (r *Router) fallback(ctx context.Context, reason string, cause error) (*pgxpool.Conn, error) {
+	r.fallbacks.WithLabelValues(reason).Inc()
+	if cause != nil {
+		r.downUntil.Store(time.Now().Add(r.cooldown).UnixNano())
+		r.log.Warn("replica unusable, queries run on the primary", "error", cause, "cooldown", r.cooldown.String())
+	}
+	return r.primary.Acquire(ctx)
+}
+
+// Fallbacks returns how many queries ran on the primary for reason
+// ([ReasonLag] or [ReasonError]) since the router was made (or since its
+// collector was first registered).
+func (r *Router) Fallbacks(reason string) float64 {
+	c, err := r.fallbacks.GetMetricWithLabelValues(reason)
+	if err != nil {
+		return 0
+	}
+	return counterValue(c)
+}
+
+func counterValue(c prometheus.Counter) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil || m.Counter == nil {
+		return 0
+	}
+	return m.Counter.GetValue()
+}

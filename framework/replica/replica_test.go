@@ -1,0 +1,405 @@
+package replica_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kumiko-go/kumiko/features/orders"
+	"github.com/kumiko-go/kumiko/framework"
+	"github.com/kumiko-go/kumiko/framework/auth"
+	"github.com/kumiko-go/kumiko/framework/kumikotest"
+	"github.com/kumiko-go/kumiko/framework/migrate"
+	"github.com/kumiko-go/kumiko/framework/replica"
+	"github.com/kumiko-go/kumiko/framework/web"
+)
+
+// pgBinDir finds the PostgreSQL server binaries: KUMIKO_PG_BINDIR, else
+// the newest /usr/lib/postgresql/*/bin, else PATH.
+func pgBinDir(t *testing.T) string {
+	t.Helper()
+	if d := os.Getenv("KUMIKO_PG_BINDIR"); d != "" {
+		return d
+	}
+	matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/postgres")
+	if len(matches) > 0 {
+		return filepath.Dir(matches[len(matches)-1])
+	}
+	p, err := exec.LookPath("postgres")
+	require.NoError(t, err, "the replica test needs the PostgreSQL server binaries (set KUMIKO_PG_BINDIR)")
+	return filepath.Dir(p)
+}
+
+// pgServer is a postgres process owned by the test.
+type pgServer struct {
+	port int
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// cluster is a private primary with a streaming standby, both on loopback
+// ports of their own, in a temporary directory.
+type cluster struct {
+	bin              string
+	base             string
+	cred             *syscall.Credential
+	primary, standby *pgServer
+}
+
+// asPostgres runs the PostgreSQL binaries as the postgres OS user when the
+// test runs as root (the server refuses to run as root).
+func asPostgres(t *testing.T) *syscall.Credential {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	u, err := user.Lookup("postgres")
+	require.NoError(t, err, "running as root, the replica test needs a postgres OS user to run the servers as")
+	uid, _ := strconv.ParseUint(u.Uid, 10, 32)
+	gid, _ := strconv.ParseUint(u.Gid, 10, 32)
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+}
+
+func (c *cluster) command(name string, args ...string) *exec.Cmd {
+	cmd := exec.Command(filepath.Join(c.bin, name), args...)
+	cmd.Env = []string{"PATH=" + c.bin + ":/usr/bin:/bin", "LANG=C", "LC_ALL=C", "HOME=" + c.base}
+	cmd.Dir = c.base
+	if c.cred != nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred}
+	}
+	return cmd
+}
+
+func (c *cluster) run(t *testing.T, name string, args ...string) {
+	t.Helper()
+	out, err := c.command(name, args...).CombinedOutput()
+	require.NoError(t, err, "%s %v: %s", name, args, out)
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// start runs postgres on dir and waits until it accepts connections.
+func (c *cluster) start(t *testing.T, dir string) *pgServer {
+	t.Helper()
+	s := &pgServer{port: freePort(t), done: make(chan struct{})}
+	s.cmd = c.command("postgres", "-D", dir, "-p", strconv.Itoa(s.port), "-k", c.base,
+		"-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "max_connections=40",
+		"-c", "shared_buffers=16MB", "-c", "wal_level=replica", "-c", "max_wal_senders=4", "-c", "hot_standby=on")
+	logf, err := os.Create(filepath.Join(t.TempDir(), "postgres.log"))
+	require.NoError(t, err)
+	s.cmd.Stdout, s.cmd.Stderr = logf, logf
+	require.NoError(t, s.cmd.Start())
+	go func() { _ = s.cmd.Wait(); _ = logf.Close(); close(s.done) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		conn, err := pgx.Connect(t.Context(), c.url(s, "postgres"))
+		if err == nil {
+			_ = conn.Close(t.Context())
+			return s
+		}
+		select {
+		case <-s.done:
+			log, _ := os.ReadFile(logf.Name())
+			t.Fatalf("postgres on %s exited: %s", dir, log)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("postgres on %s does not accept connections: %v", dir, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// stop shuts s down (fast shutdown) and waits.
+func (s *pgServer) stop() {
+	if s == nil || s.cmd.Process == nil {
+		return
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-s.done:
+	case <-time.After(20 * time.Second):
+		_ = s.cmd.Process.Kill()
+		<-s.done
+	}
+}
+
+func (c *cluster) url(s *pgServer, db string) string {
+	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", s.port, db)
+}
+
+// newCluster initialises a primary, migrates a "kumiko" database on it,
+// clones it with pg_basebackup -R -X stream and starts the clone as a hot
+// standby streaming from the primary.
+func newCluster(t *testing.T) *cluster {
+	t.Helper()
+	c := &cluster{bin: pgBinDir(t), cred: asPostgres(t)}
+	base, err := os.MkdirTemp("", "kumiko-replica-")
+	require.NoError(t, err)
+	c.base = base
+	t.Cleanup(func() {
+		c.standby.stop()
+		c.primary.stop()
+		_ = os.RemoveAll(base)
+	})
+	require.NoError(t, os.Chmod(base, 0o700))
+	if c.cred != nil {
+		require.NoError(t, os.Chown(base, int(c.cred.Uid), int(c.cred.Gid)))
+	}
+	primaryDir, standbyDir := filepath.Join(base, "primary"), filepath.Join(base, "standby")
+	// initdb's pg_hba.conf with --auth=trust admits replication
+	// connections from 127.0.0.1.
+	c.run(t, "initdb", "-D", primaryDir, "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C")
+	c.primary = c.start(t, primaryDir)
+
+	admin, err := pgx.Connect(t.Context(), c.url(c.primary, "postgres"))
+	require.NoError(t, err)
+	_, err = admin.Exec(t.Context(), `CREATE DATABASE kumiko`)
+	require.NoError(t, err)
+	require.NoError(t, admin.Close(t.Context()))
+	pool, err := pgxpool.New(t.Context(), c.url(c.primary, "kumiko"))
+	require.NoError(t, err)
+	_, err = migrate.Up(t.Context(), pool, nil, nil)
+	pool.Close()
+	require.NoError(t, err)
+
+	c.run(t, "pg_basebackup", "-h", "127.0.0.1", "-p", strconv.Itoa(c.primary.port), "-U", "postgres",
+		"-D", standbyDir, "-R", "-X", "stream", "-c", "fast", "--no-sync")
+	c.standby = c.start(t, standbyDir)
+	return c
+}
+
+// probeInput and probe are the test query: does the order exist, and on
+// which server did the query run?
+type probeInput struct {
+	OrderID string `json:"orderId" validate:"required,uuid"`
+}
+
+type probe struct {
+	Found      bool `json:"found"`
+	InRecovery bool `json:"inRecovery"`
+}
+
+// TestStreamingReplica runs queries on a real streaming standby and proves
+// read-your-writes with the consistency token.
+func TestStreamingReplica(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t)
+	ctx := t.Context()
+	primary, err := pgxpool.New(ctx, c.url(c.primary, "kumiko"))
+	require.NoError(t, err)
+	t.Cleanup(primary.Close)
+	standby, err := pgxpool.New(ctx, c.url(c.standby, "kumiko"))
+	require.NoError(t, err)
+	t.Cleanup(standby.Close)
+	var inRecovery bool
+	require.NoError(t, standby.QueryRow(ctx, `SELECT pg_is_in_recovery()`).Scan(&inRecovery))
+	require.True(t, inRecovery, "the clone is a standby")
+
+	reg := framework.NewRegistry()
+	orders.Register(reg)
+	framework.Query(reg.Feature("replica-test"), "probe", func(ctx context.Context, tx *framework.Tx, in probeInput) (probe, error) {
+		var p probe
+		err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM orders WHERE id = $1), pg_is_in_recovery()`, in.OrderID).Scan(&p.Found, &p.InRecovery)
+		return p, err
+	}, nil)
+	metrics := prometheus.NewRegistry()
+	router, err := replica.New(primary, standby, &replica.Config{WaitTimeout: 400 * time.Millisecond, Metrics: metrics})
+	require.NoError(t, err)
+	rt, err := framework.NewRuntime(reg, primary, &framework.RuntimeConfig{ReadPool: standby, ReadRouter: router})
+	require.NoError(t, err)
+	keys, err := auth.NewKeyring([]auth.Key{{ID: "k", Secret: []byte("0123456789abcdef0123456789abcdef")}})
+	require.NoError(t, err)
+	srv := httptest.NewServer(web.New(rt, keys, nil).Handler())
+	t.Cleanup(srv.Close)
+	tok, err := keys.Mint(auth.Principal{UserID: "alice", TenantID: "acme"}, time.Hour)
+	require.NoError(t, err)
+
+	post := func(path string, body any, token string) (int, http.Header, []byte) {
+		raw, _ := json.Marshal(body)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+path, strings.NewReader(string(raw)))
+		req.Header.Set("Authorization", "Bearer "+tok)
+		req.Header.Set("Content-Type", "application/json")
+		if token != "" {
+			req.Header.Set(web.HeaderConsistencyToken, token)
+		}
+		res, err := srv.Client().Do(req)
+		require.NoError(t, err)
+		defer res.Body.Close()
+		buf, err := io.ReadAll(res.Body)
+		require.NoError(t, err)
+		return res.StatusCode, res.Header, buf
+	}
+	place := func(customer string) (id, token string) {
+		status, h, body := post("/api/write", map[string]any{"type": "orders:write:place",
+			"payload": map[string]any{"customer": customer, "amountCents": 1}}, "")
+		require.Equal(t, http.StatusOK, status, "%s", body)
+		var out struct {
+			Data             orders.WriteResult `json:"data"`
+			ConsistencyToken string             `json:"consistencyToken"`
+		}
+		require.NoError(t, json.Unmarshal(body, &out))
+		require.Equal(t, out.ConsistencyToken, h.Get(web.HeaderConsistencyToken))
+		return out.Data.ID, out.ConsistencyToken
+	}
+	query := func(id, token string) probe {
+		status, _, body := post("/api/query", map[string]any{"type": "replica-test:query:probe", "payload": map[string]any{"orderId": id}}, token)
+		require.Equal(t, http.StatusOK, status, "%s", body)
+		var out struct{ Data probe }
+		require.NoError(t, json.Unmarshal(body, &out))
+		return out.Data
+	}
+	standbyAdmin, err := pgx.Connect(ctx, c.url(c.standby, "kumiko"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = standbyAdmin.Close(context.Background()) })
+
+	// 1. Queries run on the replica, writes on the primary.
+	id, token := place("Ada")
+	require.True(t, framework.ValidConsistencyToken(token))
+	p := query(id, token)
+	require.True(t, p.Found, "a query with the token reads its write")
+	require.Eventually(t, func() bool { p := query(id, ""); return p.Found && p.InRecovery }, 10*time.Second, 10*time.Millisecond,
+		"a query without a token runs on the standby (pg_is_in_recovery) and sees the write once replayed")
+
+	// 2. The replica falls behind (replay paused): without the token a
+	// query misses the write; with it, it waits, then runs on the primary.
+	_, err = standbyAdmin.Exec(ctx, `SELECT pg_wal_replay_pause()`)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		var state string
+		return standbyAdmin.QueryRow(ctx, `SELECT pg_get_wal_replay_pause_state()`).Scan(&state) == nil && state == "paused"
+	}, 10*time.Second, 10*time.Millisecond)
+	id2, token2 := place("Grace")
+	p = query(id2, "")
+	require.Equal(t, probe{Found: false, InRecovery: true}, p, "without the token the lagging replica does not show the write")
+	start := time.Now()
+	p = query(id2, token2)
+	require.Equal(t, probe{Found: true, InRecovery: false}, p, "with the token the write is read, from the primary")
+	require.GreaterOrEqual(t, time.Since(start), 350*time.Millisecond, "after waiting for the replica")
+	require.InDelta(t, 1, router.Fallbacks(replica.ReasonLag), 0)
+	requireMetric(t, metrics, "kumiko_replica_fallbacks_total", 1)
+
+	// 3. The replica catches up while a token query waits: it is served by
+	// the replica. (A later write makes sure WAL moves past the token.)
+	type result struct {
+		p   probe
+		err error
+	}
+	done := make(chan result, 1)
+	router2, err := replica.New(primary, standby, &replica.Config{WaitTimeout: 10 * time.Second})
+	require.NoError(t, err)
+	rt2, err := framework.NewRuntime(reg, primary, &framework.RuntimeConfig{ReadPool: standby, ReadRouter: router2})
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		out, err := rt2.Query(ctx, framework.Call{Principal: framework.Principal{UserID: "alice", TenantID: "acme"}, ConsistencyToken: token2},
+			framework.Command{Type: "replica-test:query:probe", Payload: json.RawMessage(`{"orderId":"` + id2 + `"}`)})
+		pr, _ := out.(probe)
+		done <- result{pr, err}
+	})
+	time.Sleep(200 * time.Millisecond)
+	select {
+	case r := <-done:
+		t.Fatalf("the token query did not wait for the paused replica: %+v", r)
+	default:
+	}
+	_, _ = place("Later")
+	_, err = standbyAdmin.Exec(ctx, `SELECT pg_wal_replay_resume()`)
+	require.NoError(t, err)
+	wg.Wait()
+	r := <-done
+	require.NoError(t, r.err)
+	require.Equal(t, probe{Found: true, InRecovery: true}, r.p, "served by the replica once it replayed past the token")
+	require.Zero(t, router2.Fallbacks(replica.ReasonLag))
+
+	// 4. A malformed token is the client's error.
+	status, _, body := post("/api/query", map[string]any{"type": "replica-test:query:probe", "payload": map[string]any{"orderId": id}}, "0/XYZ")
+	require.Equal(t, http.StatusBadRequest, status, "%s", body)
+}
+
+func requireMetric(t *testing.T, reg *prometheus.Registry, name string, want float64) {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			total := 0.0
+			for _, m := range mf.GetMetric() {
+				total += m.GetCounter().GetValue()
+			}
+			require.InDelta(t, want, total, 0)
+			return
+		}
+	}
+	t.Fatalf("metric %s not registered", name)
+}
+
+// TestRouterRules uses the shared server as its own "replica" (not in
+// recovery: always caught up) for the routing rules.
+func TestRouterRules(t *testing.T) {
+	t.Parallel()
+	db := kumikotest.NewDB(t)
+	_, err := replica.New(nil, db.Pool, nil)
+	require.Error(t, err)
+	router, err := replica.New(db.Pool, db.Pool, &replica.Config{Metrics: prometheus.NewRegistry()})
+	require.NoError(t, err)
+	_, err = router.AcquireRead(t.Context(), "not a token")
+	var fe *framework.Error
+	require.True(t, errors.As(err, &fe))
+	require.Equal(t, framework.CodeBadRequest, fe.Code)
+	conn, err := router.AcquireRead(t.Context(), "FFFFFFFF/FFFFFFFF")
+	require.NoError(t, err, "a server not in recovery counts as caught up")
+	conn.Release()
+	require.Zero(t, router.Fallbacks(replica.ReasonLag))
+
+	// An unreachable replica: the primary answers, counted as an error
+	// fallback.
+	pc, err := pgxpool.ParseConfig("postgres://postgres@127.0.0.1:1/x?sslmode=disable&connect_timeout=1")
+	require.NoError(t, err)
+	var dials atomic.Int32
+	pc.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		dials.Add(1)
+		return (&net.Dialer{}).DialContext(ctx, network, addr)
+	}
+	down, err := pgxpool.NewWithConfig(t.Context(), pc)
+	require.NoError(t, err)
+	t.Cleanup(down.Close)
+	router, err = replica.New(db.Pool, down, nil)
+	require.NoError(t, err)
+	for range 3 {
+		conn, err = router.AcquireRead(t.Context(), "")
+		require.NoError(t, err)
+		var inRecovery bool
+		require.NoError(t, conn.QueryRow(t.Context(), `SELECT pg_is_in_recovery()`).Scan(&inRecovery))
+		conn.Release()
+	}
+	require.InDelta(t, 3, router.Fallbacks(replica.ReasonError), 0)
+	require.EqualValues(t, 1, dials.Load(), "within the cooldown the replica is not tried again")
+}

@@ -1,0 +1,66 @@
+// Package sse streams the event log to browsers: GET /api/sse with
+// Server-Sent Events, resumable with Last-Event-ID, fed by a per-instance
+// consumer of the dispatcher (ARCHITECTURE.md §8).
+//
+// # The stream
+//
+// A request must be authenticated ([web.Server.Authenticate]: bearer token
+// or the kumiko_auth cookie, which is what an EventSource sends); the tenant
+// comes from the token only, so a client can never subscribe to another
+// tenant's events. The query parameters `types` (qualified event types) and
+// `streamTypes` (aggregate types), comma-separated or repeated, narrow the
+// stream; an undeclared event type is answered 400 validation_error.
+//
+// The response starts with a `retry:` hint and then carries one frame per
+// event:
+//
+//	id: 7412-1093
+//	event: orders:event:placed
+//	data: {"id":"7412-1093","position":1093,"type":"orders:event:placed","stream":{"type":"order","id":"0193..."},"version":1,"payload":{...},"correlationId":"...","createdAt":"..."}
+//
+// The id is an opaque cursor (the event's commit key and position, the same
+// cursor the dispatcher keeps). A comment line (": heartbeat") every 15 s
+// keeps proxies from closing an idle stream.
+//
+// # Resume
+//
+// A request with Last-Event-ID (the header a reconnecting EventSource sends,
+// or the lastEventId query parameter for page code that opens a new
+// EventSource) first replays, from the events table and through the
+// tenant's row-level security, the events after that cursor, then continues
+// live, with no gap and no duplicate. The handoff: the handler subscribes to
+// the [Hub] first (from then on live events queue in the client's buffer),
+// notes the hub's position P, replays the events after the client's cursor
+// up to and including P (all of them are final: the hub only ever receives
+// events below the visibility horizon), and then sends the queued live
+// events after P, skipping any at or before the last one it sent. Because
+// the hub is fed in cursor order, this is exact. The hub's starting position
+// is set by [Hub.Prime] at the visibility horizon, so even the first clients
+// of a fresh process get everything.
+//
+// A malformed id, or one that does not name an event of this log visible to
+// the caller's tenant (the event at the id's position must exist, belong to
+// the tenant, and carry the id's commit key) is answered 400: another
+// tenant's, another deployment's, a forged or a pruned id cannot be resumed
+// from, and the client must reconnect without it.
+//
+// # Slow clients
+//
+// Each client has a bounded buffer (Config.Buffer frames). When an event
+// finds it full, or a write blocks for Config.WriteTimeout, the client is
+// disconnected at once; it reconnects with its last id and catches up by
+// replay. One goroutine of the hub fans the events out, a batch at a time
+// (whatever accumulated while it delivered the previous one), and never
+// waits for a client, so other clients are not delayed; a burst reaches each
+// client as one write. The
+// gauge kumiko_sse_clients counts connected clients, the counter
+// kumiko_sse_dropped_clients_total the disconnected ones.
+//
+// # Wiring
+//
+// The entrypoint builds one hub per API or all-in-one process, adds
+// [Hub.Consumer] (ConsumerName, per-instance delivery) to the dispatcher,
+// calls [Hub.Prime] before the dispatcher starts, mounts [Hub.Mount] on the
+// web server and calls [Hub.Close] when draining, so that open streams end
+// cleanly before the HTTP server shuts down.
+package sse

@@ -1,0 +1,334 @@
+package sse
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/labstack/echo/v4"
+
+	"github.com/kumiko-go/kumiko/framework"
+	"github.com/kumiko-go/kumiko/framework/eventstore"
+	"github.com/kumiko-go/kumiko/framework/tenancy"
+	"github.com/kumiko-go/kumiko/framework/web"
+)
+
+// Path is the route of the stream.
+const Path = "/api/sse"
+
+// Request parameters of the stream.
+const (
+	// HeaderLastEventID is the header a reconnecting EventSource sends.
+	HeaderLastEventID = "Last-Event-ID"
+	// QueryLastEventID is the query parameter for clients that cannot set
+	// headers (a new EventSource created by page code); the header wins
+	// when both are present.
+	QueryLastEventID = "lastEventId"
+)
+
+// Mount adds GET [Path] to s, behind [web.Server.Authenticate].
+func (h *Hub) Mount(s *web.Server) {
+	s.Echo().GET(Path, h.Serve, s.Authenticate)
+}
+
+// Serve is the handler of GET /api/sse. The caller must be authenticated
+// ([web.PrincipalFrom]); the tenant comes from the token only. It answers
+// 400 for a bad filter or a malformed or foreign Last-Event-ID, 503 while the
+// hub is not primed or after Close, and otherwise streams until the client
+// goes away, the hub drops it, or the hub closes.
+func (h *Hub) Serve(c echo.Context) error {
+	p, ok := web.PrincipalFrom(c)
+	if !ok || p.TenantID == "" {
+		return &framework.Error{Code: framework.CodeUnauthorized, Message: "the event stream needs a token"}
+	}
+	req := c.Request()
+	filter, err := ParseFilter(req.URL.Query(), h.reg)
+	if err != nil {
+		return err
+	}
+	var after eventstore.Cursor
+	resume := false
+	if id := cmpOr(req.Header.Get(HeaderLastEventID), req.URL.Query().Get(QueryLastEventID)); id != "" {
+		if after, err = ParseEventID(id); err != nil {
+			return &framework.Error{Code: framework.CodeBadRequest,
+				Message: "malformed Last-Event-ID: send back an id this stream sent", Details: map[string]any{"lastEventId": truncate(id)}}
+		}
+		resume = true
+	}
+	ctx := req.Context()
+	if err := h.waitReady(ctx); err != nil {
+		return err
+	}
+	if resume {
+		if err := h.checkCursor(ctx, p.TenantID, after); err != nil {
+			return err
+		}
+	}
+
+	w := c.Response()
+	// The controller of the underlying writer: echo.Response.Flush swallows
+	// errors.
+	rc := http.NewResponseController(w.Writer)
+	sub, err := h.subscribe(p.TenantID, filter, func() { _ = rc.SetWriteDeadline(time.Unix(1, 0)) })
+	if err != nil {
+		return &framework.Error{Code: framework.CodeUnavailable, Message: "the event stream is shutting down", Err: err}
+	}
+	defer h.unsubscribe(sub)
+
+	hd := w.Header()
+	hd.Set(echo.HeaderContentType, "text/event-stream; charset=utf-8")
+	hd.Set(echo.HeaderCacheControl, "no-cache")
+	hd.Set("X-Accel-Buffering", "no") // nginx: do not buffer the stream
+	// The connection's write deadline is ours now: never reuse it.
+	hd.Set(echo.HeaderConnection, "close")
+	w.WriteHeader(http.StatusOK)
+	st := &stream{h: h, sub: sub, w: w, rc: rc, last: after}
+	if err := st.write([]byte("retry: " + strconv.FormatInt(h.cfg.Retry.Milliseconds(), 10) + "\n\n")); err != nil {
+		return nil
+	}
+	if resume {
+		if err := h.replay(ctx, p.TenantID, filter, after, sub.from, st); err != nil {
+			if ctx.Err() == nil && !errors.Is(err, errWrite) {
+				h.log.Warn("sse replay failed", "tenant_id", p.TenantID, "request_id", web.RequestID(c), "error", err)
+			}
+			return nil // the response has started: end it; the client resumes
+		}
+	}
+	// Everything up to the subscription's position is sent (replayed) or
+	// not wanted (a fresh client): from here on the hub's frames count.
+	if st.last.Less(sub.from) {
+		st.last = sub.from
+	}
+	st.live(ctx)
+	select {
+	case <-sub.gone: // dropped: the deadline already cuts the connection
+	default:
+		// Bound the final chunk net/http writes after we return.
+		_ = rc.SetWriteDeadline(time.Now().Add(h.cfg.WriteTimeout))
+	}
+	return nil
+}
+
+// waitReady waits for Prime, bounded by ReadyWait.
+func (h *Hub) waitReady(ctx context.Context) error {
+	select {
+	case <-h.done:
+		return &framework.Error{Code: framework.CodeUnavailable, Message: "the event stream is shutting down"}
+	case <-h.ready:
+		return nil
+	default:
+	}
+	t := time.NewTimer(h.cfg.ReadyWait)
+	defer t.Stop()
+	select {
+	case <-h.ready:
+		return nil
+	case <-h.done:
+		return &framework.Error{Code: framework.CodeUnavailable, Message: "the event stream is shutting down"}
+	case <-t.C:
+		return &framework.Error{Code: framework.CodeUnavailable, Message: "the event stream is not ready yet; retry"}
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// checkCursorSQL finds the event a cursor names, through the tenant's
+// row-level security: another tenant's event is not found.
+const checkCursorSQL = `SELECT commit_key FROM events WHERE position = $1`
+
+// checkCursor accepts a resume cursor only when it names an event of this
+// log that the tenant can see: the event at its position exists, belongs to
+// the tenant and has its commit key. Anything else (another tenant's or
+// another deployment's id, a forged or pruned one) is 400: such a client
+// must start afresh instead of silently getting a wrong replay.
+func (h *Hub) checkCursor(ctx context.Context, tenant string, cur eventstore.Cursor) error {
+	var key uint64
+	err := h.inTenant(ctx, tenant, func(db eventstore.DB) error {
+		return db.QueryRow(ctx, checkCursorSQL, cur.Position).Scan(&key)
+	})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows), err == nil && key != cur.CommitKey:
+		return &framework.Error{Code: framework.CodeBadRequest,
+			Message: "Last-Event-ID does not name an event of this stream: reconnect without it",
+			Details: map[string]any{"lastEventId": cur.String()}}
+	case err != nil && ctx.Err() == nil:
+		return &framework.Error{Code: framework.CodeUnavailable, Message: "database unavailable", Err: fmt.Errorf("sse: check cursor: %w", err)}
+	case err != nil:
+		return ctx.Err()
+	}
+	return nil
+}
+
+// inTenant runs fn in a read-only transaction scoped to tenant (row-level
+// security confines it to the tenant's rows).
+func (h *Hub) inTenant(ctx context.Context, tenant string, fn func(db eventstore.DB) error) error {
+	conn, err := h.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	defer func() {
+		// Read only: ending it with ROLLBACK loses nothing. A connection
+		// that cannot even roll back is closed, not reused.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if _, err := conn.Exec(rctx, "ROLLBACK"); err != nil {
+			_ = conn.Conn().Close(rctx)
+		}
+	}()
+	if err := tenancy.Begin(ctx, conn.Conn(), tenant, tenancy.Options{ReadOnly: true}); err != nil {
+		return err
+	}
+	return fn(conn.Conn())
+}
+
+// replay writes the tenant's events after cursor up to and including upTo
+// (the hub's position when the client subscribed), page by page, each page
+// in its own short tenant-scoped read. Every event up to upTo is final and
+// below the horizon; the later ones reach the client through the hub.
+func (h *Hub) replay(ctx context.Context, tenant string, f Filter, after, upTo eventstore.Cursor, st *stream) error {
+	for {
+		if !after.Less(upTo) {
+			return nil
+		}
+		var recs []eventstore.Record
+		err := h.inTenant(ctx, tenant, func(db eventstore.DB) error {
+			var err error
+			recs, err = eventstore.ReadAfterFiltered(ctx, db, after, h.cfg.ReplayBatch, eventstore.ReadOptions{Types: f.Types})
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("sse: replay: %w", err)
+		}
+		var frames [][]byte
+		var last eventstore.Cursor
+		for i := range recs {
+			env := recs[i]
+			if upTo.Less(env.Cursor()) {
+				break
+			}
+			after = env.Cursor()
+			if !f.Match(env.Type, env.StreamType) {
+				continue
+			}
+			frames = append(frames, h.encode(env))
+			last = env.Cursor()
+		}
+		if len(frames) > 0 {
+			if err := st.write(frames...); err != nil {
+				return err
+			}
+			st.last = last
+			h.sent.Add(float64(len(frames)))
+		}
+		if len(recs) < h.cfg.ReplayBatch || upTo.Less(recs[len(recs)-1].Cursor()) {
+			return nil
+		}
+	}
+}
+
+// errWrite marks a failed write to the client.
+var errWrite = errors.New("sse: write to client failed")
+
+// stream is one client's response.
+type stream struct {
+	h    *Hub
+	sub  *subscriber
+	w    *echo.Response
+	rc   *http.ResponseController
+	last eventstore.Cursor
+}
+
+// write sends the parts and flushes, bounded by WriteTimeout. The parts go
+// straight into the connection's own buffer (no copy per client). A write
+// that timed out drops the client (counted); any other failure (the client
+// left) just ends the stream.
+func (s *stream) write(parts ...[]byte) error {
+	select {
+	case <-s.sub.gone:
+		return errWrite
+	default:
+	}
+	_ = s.rc.SetWriteDeadline(time.Now().Add(s.h.cfg.WriteTimeout))
+	var err error
+	for _, p := range parts {
+		if _, err = s.w.Write(p); err != nil {
+			break
+		}
+	}
+	if err == nil {
+		err = s.rc.Flush()
+	}
+	if err != nil {
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			s.h.drop(s.sub)
+		} else {
+			s.h.unsubscribe(s.sub)
+		}
+		return errWrite
+	}
+	return nil
+}
+
+// live streams the hub's frames until the client goes away, is dropped, or
+// the hub closes. Frames at or before the last one sent (already replayed)
+// are skipped.
+func (s *stream) live(ctx context.Context) {
+	hb := time.NewTicker(s.h.cfg.Heartbeat)
+	defer hb.Stop()
+	var spare []*frame
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.h.done:
+			return
+		case <-s.sub.gone:
+			return
+		case <-hb.C:
+			if s.write(heartbeat) != nil {
+				return
+			}
+		case <-s.sub.notify:
+			frames := s.sub.take(spare)
+			n := 0
+			for _, f := range frames {
+				if s.last.Less(f.cursor) {
+					frames[n] = f
+					n++
+					s.last = f.cursor
+				}
+			}
+			err := s.writeFrames(frames[:n])
+			clear(frames)
+			spare = frames
+			if err != nil {
+				return
+			}
+			s.h.sent.Add(float64(n))
+		}
+	}
+}
+
+// writeFrames writes the frames' data like write, without collecting it.
+func (s *stream) writeFrames(frames []*frame) error {
+	if len(frames) == 0 {
+		return nil
+	}
+	if len(frames) == 1 {
+		return s.write(frames[0].data)
+	}
+	parts := make([][]byte, len(frames))
+	for i, f := range frames {
+		parts[i] = f.data
+	}
+	return s.write(parts...)
+}
+
+// heartbeat is the comment frame that keeps idle connections open.
+var heartbeat = []byte(": heartbeat\n\n")

@@ -1,0 +1,512 @@
+package sse
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kumiko-go/kumiko/framework"
+	"github.com/kumiko-go/kumiko/framework/dispatcher"
+	"github.com/kumiko-go/kumiko/framework/eventstore"
+)
+
+// ConsumerName is the per-instance system consumer that feeds the hub. It
+// is a persistent identifier (its state rows are keyed by it): never rename
+// it.
+const ConsumerName = "system:consumer:sse-broadcast"
+
+// Config tunes [New]. A nil *Config means the defaults.
+type Config struct {
+	// Buffer is the most frames queued per client (the queue grows on
+	// demand). A client whose queue is full when an event arrives is
+	// disconnected (it reconnects with its last id and catches up from the
+	// events table), so one slow client never delays the others. Keep it
+	// above the dispatcher's batch size: one pass publishes a whole batch
+	// at once. Defaults to 1024.
+	Buffer int
+	// Heartbeat is the period of the comment frames that keep idle
+	// connections (and the proxies on their way) open. Defaults to 15s.
+	Heartbeat time.Duration
+	// Retry is the reconnection delay the stream asks clients to use (the
+	// `retry:` field). Defaults to 2s.
+	Retry time.Duration
+	// WriteTimeout bounds one write to a client; a client that does not
+	// read for this long is disconnected. Defaults to 10s.
+	WriteTimeout time.Duration
+	// ReplayBatch is the number of events one replay query reads.
+	// Defaults to 500.
+	ReplayBatch int
+	// ReadyWait is how long a request waits for the hub to be primed (at
+	// process start) before it is answered 503. Defaults to 5s.
+	ReadyWait time.Duration
+	// Logger receives failures. Defaults to discarding.
+	Logger *slog.Logger
+	// Metrics registers kumiko_sse_clients, kumiko_sse_dropped_clients_total
+	// and kumiko_sse_events_sent_total. Defaults to none.
+	Metrics prometheus.Registerer
+}
+
+// ErrClosed is returned by [Hub.Prime] after [Hub.Close].
+var ErrClosed = errors.New("sse: hub closed")
+
+// Hub fans the events of the log out to the SSE clients of this process.
+// The per-instance consumer [Hub.Consumer] feeds it in cursor order; each
+// client gets the events of its own tenant that pass its filter. Build it
+// with [New], position it with [Hub.Prime] before the dispatcher runs, mount
+// its endpoint with [Hub.Mount], and end every stream with [Hub.Close].
+type Hub struct {
+	pool *pgxpool.Pool
+	reg  *framework.Registry
+	cfg  Config
+	log  *slog.Logger
+
+	mu      sync.Mutex
+	last    eventstore.Cursor
+	tenants map[string]map[*subscriber]struct{}
+	count   int
+	closed  bool
+
+	// pending holds published events the fan-out goroutine has not
+	// delivered yet; space (on mu) signals room in it, work a new event.
+	pending []framework.Envelope
+	space   *sync.Cond
+	work    chan struct{}
+	fanDone chan struct{}
+
+	ready     chan struct{}
+	readyOnce sync.Once
+	done      chan struct{}
+	closeOnce sync.Once
+
+	clients prometheus.Gauge
+	dropped prometheus.Counter
+	sent    prometheus.Counter
+}
+
+// New returns a hub that replays from pool (the primary: a replica may lag
+// behind what the hub has delivered, which would leave a gap) and checks
+// event-type filters against reg. It fails only when the metrics cannot be
+// registered.
+func New(pool *pgxpool.Pool, reg *framework.Registry, cfg *Config) (*Hub, error) {
+	if pool == nil || reg == nil {
+		return nil, errors.New("sse: pool and registry are required")
+	}
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	c := *cfg
+	c.Buffer = cmp.Or(max(c.Buffer, 0), 1024)
+	c.Heartbeat = cmp.Or(max(c.Heartbeat, 0), 15*time.Second)
+	c.Retry = cmp.Or(max(c.Retry, 0), 2*time.Second)
+	c.WriteTimeout = cmp.Or(max(c.WriteTimeout, 0), 10*time.Second)
+	c.ReplayBatch = cmp.Or(max(c.ReplayBatch, 0), 500)
+	c.ReadyWait = cmp.Or(max(c.ReadyWait, 0), 5*time.Second)
+	h := &Hub{
+		pool:    pool,
+		reg:     reg,
+		cfg:     c,
+		log:     cmp.Or(c.Logger, slog.New(slog.DiscardHandler)),
+		tenants: map[string]map[*subscriber]struct{}{},
+		work:    make(chan struct{}, 1),
+		fanDone: make(chan struct{}),
+		ready:   make(chan struct{}),
+		done:    make(chan struct{}),
+		clients: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kumiko_sse_clients",
+			Help: "SSE clients connected to this process.",
+		}),
+		dropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kumiko_sse_dropped_clients_total",
+			Help: "SSE clients disconnected because their buffer overflowed or a write timed out.",
+		}),
+		sent: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kumiko_sse_events_sent_total",
+			Help: "Event frames written to SSE clients (replayed and live).",
+		}),
+	}
+	h.space = sync.NewCond(&h.mu)
+	if c.Metrics != nil {
+		var err error
+		if h.clients, err = register(c.Metrics, h.clients); err != nil {
+			return nil, err
+		}
+		if h.dropped, err = register(c.Metrics, h.dropped); err != nil {
+			return nil, err
+		}
+		if h.sent, err = register(c.Metrics, h.sent); err != nil {
+			return nil, err
+		}
+	}
+	go h.fanout()
+	return h, nil
+}
+
+// register adds c to reg, or returns the collector already registered under
+// its name (several hubs in one process share them).
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing, nil
+			}
+		}
+		return c, fmt.Errorf("sse: register metrics: %w", err)
+	}
+	return c, nil
+}
+
+// Consumer returns the per-instance system consumer that feeds the hub:
+// [ConsumerName], delivery per-instance, starting at the head of the log.
+// Its Apply publishes the event to the hub and never fails.
+func (h *Hub) Consumer() dispatcher.Consumer {
+	return dispatcher.Consumer{
+		Name:        ConsumerName,
+		Delivery:    framework.DeliveryPerInstance,
+		System:      true,
+		StartAtHead: true,
+		Apply: func(_ context.Context, _ *framework.Tx, env framework.Envelope) error {
+			h.Publish(env)
+			return nil
+		},
+	}
+}
+
+// primeSQL puts the consumer's state row of this instance at the
+// visibility horizon: every event below it is final (its transaction has
+// ended), every event at or above it sorts after the cursor. A restarted
+// instance starts there too: its clients catch up by replay, not through the
+// hub.
+const primeSQL = `INSERT INTO event_consumers AS c (name, instance_id, cursor_commit_key, cursor_position)
+SELECT $1, $2, (pg_snapshot_xmin(pg_current_snapshot())::text::numeric - 1)::text::xid8, 9223372036854775807
+ON CONFLICT (name, instance_id) DO UPDATE SET
+  cursor_commit_key = EXCLUDED.cursor_commit_key, cursor_position = EXCLUDED.cursor_position,
+  status = 'idle', attempts = 0, failed_position = NULL, last_error = NULL, next_attempt_at = NULL,
+  dead_at = NULL, revivals = 0, heartbeat_at = now(), updated_at = now()
+RETURNING cursor_commit_key, cursor_position`
+
+// Prime positions this instance's [ConsumerName] state row at the head of
+// the log (the visibility horizon) and the hub there, then opens the hub to
+// clients. Call it before the dispatcher runs the consumer. Until it
+// succeeded, SSE requests wait up to Config.ReadyWait and are then answered
+// 503.
+//
+// The handoff between replay and live delivery rests on this: every event
+// at or before the hub's position is final and readable, and every event
+// after it will reach the hub, in cursor order.
+func (h *Hub) Prime(ctx context.Context, instanceID string) error {
+	if instanceID == "" || instanceID == dispatcher.SharedInstance {
+		return fmt.Errorf("sse: prime: invalid instance id %q", instanceID)
+	}
+	var cur eventstore.Cursor
+	if err := h.pool.QueryRow(ctx, primeSQL, ConsumerName, instanceID).Scan(&cur.CommitKey, &cur.Position); err != nil {
+		return fmt.Errorf("sse: prime: %w", err)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return ErrClosed
+	}
+	if h.last.Less(cur) {
+		h.last = cur
+	}
+	h.readyOnce.Do(func() { close(h.ready) })
+	return nil
+}
+
+// Ready reports whether [Hub.Prime] succeeded.
+func (h *Hub) Ready() bool {
+	select {
+	case <-h.ready:
+		return true
+	default:
+		return false
+	}
+}
+
+// Position returns the cursor of the last event the hub received.
+func (h *Hub) Position() eventstore.Cursor {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.last
+}
+
+// Clients returns the number of connected clients.
+func (h *Hub) Clients() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.count
+}
+
+// Close ends every stream cleanly (the handlers return, so the HTTP server
+// can shut down), refuses new ones with 503 and stops the hub's fan-out
+// goroutine, which [New] started. Call it when done with the hub; it is
+// idempotent.
+func (h *Hub) Close() {
+	h.closeOnce.Do(func() {
+		h.mu.Lock()
+		h.closed = true
+		h.space.Broadcast()
+		h.mu.Unlock()
+		close(h.done)
+	})
+	<-h.fanDone
+}
+
+// frame is one encoded event, shared by every client that gets it.
+type frame struct {
+	cursor eventstore.Cursor
+	data   []byte
+}
+
+// subscriber is one connected client.
+type subscriber struct {
+	tenant string
+	filter Filter
+	limit  int
+	// mu guards queue; notify (capacity 1) says it is not empty. The queue
+	// grows on demand up to limit, so an idle client costs no buffer.
+	mu     sync.Mutex
+	queue  []*frame
+	notify chan struct{}
+	// gone is closed when the hub dropped the client.
+	gone chan struct{}
+	// kill cuts a blocked write short; set before the subscriber is added.
+	kill func()
+	// from is the hub's position when the client subscribed: the client
+	// gets every later event through its queue (and maybe some earlier
+	// ones still being fanned out, which the handler skips).
+	from eventstore.Cursor
+}
+
+// push queues fs and reports false when they do not fit.
+func (s *subscriber) push(fs []*frame) bool {
+	s.mu.Lock()
+	if len(s.queue)+len(fs) > s.limit {
+		s.mu.Unlock()
+		return false
+	}
+	s.queue = append(s.queue, fs...)
+	s.mu.Unlock()
+	select {
+	case s.notify <- struct{}{}:
+	default:
+	}
+	return true
+}
+
+// take returns the queued frames and hands the queue spare back for reuse.
+func (s *subscriber) take(spare []*frame) []*frame {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := s.queue
+	s.queue = spare[:0]
+	return out
+}
+
+// maxPending bounds the events waiting for the fan-out goroutine; Publish
+// waits while it is reached.
+const maxPending = 4096
+
+// Publish hands one committed event, below the visibility horizon, to the
+// hub; a goroutine of the hub delivers it to the clients of its tenant whose
+// filter it passes. Events must arrive in cursor order; an event at or
+// before the last one published (a redelivery after a pass that failed to
+// commit) is ignored. Publish returns at once unless 4096 events already
+// wait for delivery (then it waits: the consumer's pass slows down, no event
+// is lost). A client whose buffer is full is dropped, never waited for.
+func (h *Hub) Publish(env framework.Envelope) {
+	cur := env.Cursor()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for len(h.pending) >= maxPending && !h.closed {
+		h.space.Wait()
+	}
+	if h.closed || !h.last.Less(cur) {
+		return
+	}
+	h.last = cur
+	h.pending = append(h.pending, env)
+	select {
+	case h.work <- struct{}{}:
+	default:
+	}
+}
+
+// fanout delivers the published events until Close. It takes whatever has
+// accumulated since its last round, so a burst reaches each client as one
+// batch: one wake-up and one write per client, not one per event.
+func (h *Hub) fanout() {
+	defer close(h.fanDone)
+	var batch []framework.Envelope
+	var scratch fanScratch
+	for {
+		select {
+		case <-h.done:
+			return
+		case <-h.work:
+		}
+		h.mu.Lock()
+		batch, h.pending = h.pending, batch[:0]
+		h.space.Broadcast()
+		h.deliverLocked(batch, &scratch)
+		h.mu.Unlock()
+		clear(batch)
+	}
+}
+
+// fanScratch is fanout's reusable working memory.
+type fanScratch struct {
+	frames   []*frame
+	byTenant map[string][]int
+	add      []*frame
+}
+
+// deliverLocked queues the batch's frames for the subscribers of each
+// event's tenant, in order, encoding each event once and only when someone
+// gets it.
+func (h *Hub) deliverLocked(batch []framework.Envelope, sc *fanScratch) {
+	if sc.byTenant == nil {
+		sc.byTenant = map[string][]int{}
+	}
+	clear(sc.byTenant)
+	sc.frames = append(sc.frames[:0], make([]*frame, len(batch))...)
+	for i := range batch {
+		t := batch[i].TenantID
+		if len(h.tenants[t]) > 0 {
+			sc.byTenant[t] = append(sc.byTenant[t], i)
+		}
+	}
+	for tenant, idx := range sc.byTenant {
+		for s := range h.tenants[tenant] {
+			sc.add = sc.add[:0]
+			for _, i := range idx {
+				env := &batch[i]
+				if !s.filter.Match(env.Type, env.StreamType) {
+					continue
+				}
+				if sc.frames[i] == nil {
+					sc.frames[i] = &frame{cursor: env.Cursor(), data: h.encode(*env)}
+				}
+				sc.add = append(sc.add, sc.frames[i])
+			}
+			if len(sc.add) > 0 && !s.push(sc.add) {
+				h.dropLocked(s)
+			}
+		}
+	}
+	clear(sc.frames)
+	clear(sc.add)
+}
+
+// subscribe adds a client of tenant with filter f; kill cuts its blocked
+// writes short when the hub drops it.
+func (h *Hub) subscribe(tenant string, f Filter, kill func()) (*subscriber, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return nil, ErrClosed
+	}
+	s := &subscriber{tenant: tenant, filter: f, limit: h.cfg.Buffer, notify: make(chan struct{}, 1),
+		gone: make(chan struct{}), kill: kill, from: h.last}
+	set := h.tenants[tenant]
+	if set == nil {
+		set = map[*subscriber]struct{}{}
+		h.tenants[tenant] = set
+	}
+	set[s] = struct{}{}
+	h.count++
+	h.clients.Inc()
+	return s, nil
+}
+
+// unsubscribe removes a client (a no-op when it was dropped).
+func (h *Hub) unsubscribe(s *subscriber) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.removeLocked(s)
+}
+
+// drop disconnects a client from outside Publish (a write timed out).
+func (h *Hub) drop(s *subscriber) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.dropLocked(s)
+}
+
+func (h *Hub) dropLocked(s *subscriber) {
+	if !h.removeLocked(s) {
+		return
+	}
+	h.dropped.Inc()
+	close(s.gone)
+	if s.kill != nil {
+		s.kill()
+	}
+}
+
+// removeLocked removes s and reports whether it was still subscribed.
+func (h *Hub) removeLocked(s *subscriber) bool {
+	set := h.tenants[s.tenant]
+	if _, ok := set[s]; !ok {
+		return false
+	}
+	delete(set, s)
+	if len(set) == 0 {
+		delete(h.tenants, s.tenant)
+	}
+	h.count--
+	h.clients.Dec()
+	return true
+}
+
+// Data is the JSON of a frame's data field.
+type Data struct {
+	// ID is the event's cursor, the same as the frame's id.
+	ID string `json:"id"`
+	// Position is the event's position, its public id.
+	Position int64 `json:"position"`
+	// Type is the qualified event type, the same as the frame's event.
+	Type string `json:"type"`
+	// Stream is the event's aggregate stream.
+	Stream Stream `json:"stream"`
+	// Version is the event's version within its stream.
+	Version int64 `json:"version"`
+	// Payload is the event's payload in the current schema version of its
+	// type (upcast like every read).
+	Payload json.RawMessage `json:"payload"`
+	// CorrelationID ties together everything one request caused.
+	CorrelationID string `json:"correlationId,omitempty"`
+	// CausationID is what caused the event (a request or an event id).
+	CausationID string `json:"causationId,omitempty"`
+	// UserID is the user who caused the event, when there was one.
+	UserID string `json:"userId,omitempty"`
+	// CreatedAt is when the event was appended.
+	CreatedAt time.Time `json:"createdAt"`
+}
+
+// Stream names an event's aggregate stream in [Data].
+type Stream struct {
+	// Type is the aggregate type, e.g. "order".
+	Type string `json:"type"`
+	// ID is the aggregate's id.
+	ID string `json:"id"`
+}
+
+// encode renders env as one SSE frame: id, event and one data line.
+func (h *Hub) encode(env framework.Envelope) []byte {
+	payload, err := h.reg.UpcastPayload(env)
+	if err != nil {
+		h.log.Warn("sse upcast failed", "position", env.Position, "event_type", env.Type, "error", err)
+		payload = env.Payload
+	}
+	return encodeFrame(env, payload)
+}

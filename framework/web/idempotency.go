@@ -1,0 +1,285 @@
+package web
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"runtime/debug"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/kumiko-go/kumiko/framework"
+	"github.com/kumiko-go/kumiko/framework/idempotency"
+)
+
+// Header names of idempotent writes and read-your-writes.
+const (
+	// HeaderIdempotencyKey carries the client's idempotency key.
+	HeaderIdempotencyKey = "Idempotency-Key"
+	// HeaderIdempotentReplayed is "true" on a response replayed from the
+	// idempotency store.
+	HeaderIdempotentReplayed = "Idempotent-Replayed"
+	// HeaderConsistencyToken carries a write's consistency token in its
+	// response, and back to the server in a query.
+	HeaderConsistencyToken = "X-Kumiko-Consistency-Token"
+)
+
+// keyIdempotencyKey stores the claimed key for [CallFrom].
+const keyIdempotencyKey = "kumiko.web.idempotency_key"
+
+// finishTimeout bounds storing a response in the idempotency store.
+const finishTimeout = 5 * time.Second
+
+// SetIdempotency sets [Config].Idempotency. Call it before the server
+// serves requests.
+func (s *Server) SetIdempotency(store *idempotency.Store) { s.idem = store }
+
+// keyedBody is what the idempotency middleware reads of a write or batch
+// body: the key and what the fingerprint covers.
+type keyedBody struct {
+	RequestID string           `json:"requestId"`
+	Type      string           `json:"type"`
+	Payload   json.RawMessage  `json:"payload"`
+	Commands  []commandRequest `json:"commands"`
+}
+
+// idempotent is the route middleware of POST /api/write and /api/batch
+// (after authentication). The key is the Idempotency-Key header or the
+// body's requestId (both present and different: 400 bad_request), scoped
+// by the caller's tenant and user. The first request with a key runs and
+// its response (status, headers, body; success or failure) is stored; a
+// later one with the same fingerprint (route, and type and payload of
+// every command) gets that response byte for byte with Idempotent-Replayed:
+// true, one running concurrently waits for it, one with another
+// fingerprint is 422 idempotency_key_reused. A keyed request that cannot
+// reach the store is 503 idempotency_unavailable and does not run. Once
+// claimed, the request runs to the end even when the client goes away, so
+// that its retry finds the outcome. The response is stored in the
+// background while the client gets it ([idempotency.Claim.FinishAsync]);
+// a duplicate arriving meanwhile waits for it. A 503 (nothing committed) is
+// not stored: the claim is released for a retry.
+func (s *Server) idempotent(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		if s.idem == nil {
+			return next(c)
+		}
+		req := c.Request()
+		body, err := readBody(c, s.bodyLimit)
+		if err != nil {
+			return err
+		}
+		req.Body = io.NopCloser(bytes.NewReader(body))
+		req.ContentLength = int64(len(body))
+		header := req.Header.Get(HeaderIdempotencyKey)
+		var kb keyedBody
+		parsed := json.Unmarshal(body, &kb) == nil
+		key := header
+		if parsed && kb.RequestID != "" {
+			if header != "" && header != kb.RequestID {
+				return &framework.Error{Code: framework.CodeBadRequest,
+					Message: "the Idempotency-Key header and the body's requestId differ; send one key",
+					Details: map[string]any{"header": header, "requestId": kb.RequestID}}
+			}
+			key = kb.RequestID
+		}
+		if key == "" {
+			return next(c)
+		}
+		if !idempotency.ValidKey(key) {
+			return &framework.Error{Code: framework.CodeBadRequest,
+				Message: fmt.Sprintf("an idempotency key must be 1 to %d printable ASCII characters without spaces", idempotency.MaxKeyLength)}
+		}
+		if !parsed {
+			// Not a JSON object: the handler answers 400 and runs nothing.
+			return next(c)
+		}
+		fp, err := fingerprint(c.Path(), kb)
+		if err != nil {
+			return next(c) // a malformed payload: the handler answers 400
+		}
+		p, _ := PrincipalFrom(c)
+		claim, replay, err := s.idem.Begin(req.Context(), idempotency.Scope{TenantID: p.TenantID, UserID: p.UserID, Key: key}, fp)
+		switch {
+		case errors.Is(err, idempotency.ErrKeyReused):
+			return &framework.Error{Code: framework.CodeIdempotencyKeyReused,
+				Message: "this idempotency key was used for a different request (type or payload differ); use a new key",
+				Details: map[string]any{"idempotencyKey": key}}
+		case errors.Is(err, idempotency.ErrInProgress):
+			return &framework.Error{Code: framework.CodeConflict,
+				Message: "a request with this idempotency key is still in progress; retry later",
+				Details: map[string]any{"idempotencyKey": key}}
+		case errors.Is(err, idempotency.ErrUnavailable):
+			return &framework.Error{Code: framework.CodeIdempotencyUnavailable,
+				Message: "the idempotency store is unavailable; the request was not executed, retry later", Err: err}
+		case err != nil:
+			return err
+		}
+		if replay != nil {
+			return s.replay(c, key, replay)
+		}
+		return s.runClaimed(c, next, claim, key)
+	}
+}
+
+// fingerprint hashes the route and every command's type and canonical
+// payload (object keys sorted, insignificant white space dropped).
+func fingerprint(route string, kb keyedBody) (string, error) {
+	parts := [][]byte{[]byte(route)}
+	add := func(typ string, payload json.RawMessage) error {
+		canon, err := canonicalJSON(payload)
+		if err != nil {
+			return err
+		}
+		parts = append(parts, []byte(typ), canon)
+		return nil
+	}
+	if err := add(kb.Type, kb.Payload); err != nil {
+		return "", err
+	}
+	for _, cmd := range kb.Commands {
+		if err := add(cmd.Type, cmd.Payload); err != nil {
+			return "", err
+		}
+	}
+	return idempotency.Fingerprint(parts...), nil
+}
+
+// canonicalJSON re-encodes a JSON value with sorted object keys; numbers
+// keep their literal text. An absent payload is "null".
+func canonicalJSON(raw json.RawMessage) ([]byte, error) {
+	if len(bytes.TrimSpace(raw)) == 0 {
+		return []byte("null"), nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, err
+	}
+	return json.Marshal(v)
+}
+
+// replay answers with a stored response.
+func (s *Server) replay(c echo.Context, key string, r *idempotency.Response) error {
+	h := c.Response().Header()
+	for k, vs := range r.Header {
+		h[k] = vs
+	}
+	h.Set(HeaderIdempotentReplayed, "true")
+	s.logger.Info("idempotent replay", "request_id", RequestID(c), "correlation_id", CorrelationID(c),
+		"idempotency_key", key, "status", r.Status)
+	c.Response().WriteHeader(r.Status)
+	_, err := c.Response().Write(r.Body)
+	return err
+}
+
+// unreplayed lists the response headers that belong to one exchange and
+// are never stored.
+var unreplayed = []string{HeaderRequestID, HeaderCorrelationID, "Content-Length", "Date", "Set-Cookie", HeaderIdempotentReplayed}
+
+// runClaimed runs the request under its claim, stores its response and
+// sends it.
+func (s *Server) runClaimed(c echo.Context, next echo.HandlerFunc, claim *idempotency.Claim, key string) error {
+	c.Set(keyIdempotencyKey, key)
+	if s.logger.Enabled(c.Request().Context(), slog.LevelDebug) {
+		s.logger.Debug("idempotency key claimed", "request_id", RequestID(c), "idempotency_key", key,
+			"owner", claim.Owner(), "previous_owner", claim.PreviousOwner())
+	}
+	res := c.Response()
+	orig := res.Writer
+	rec := &recorder{header: orig.Header()}
+	res.Writer = rec
+	req := c.Request()
+	// The client may go away: the request still runs to its end, so that
+	// its retry finds the outcome instead of a half-known state.
+	detached := context.WithoutCancel(req.Context())
+	c.SetRequest(req.WithContext(detached))
+	herr, abort := callRecovering(c, next)
+	if abort == nil && herr != nil {
+		// Rendered into the recorder, so that failures are stored too.
+		if werr := WriteError(c, herr); werr != nil {
+			s.logger.Warn("write error response", "request_id", RequestID(c), "error", werr)
+		}
+	}
+	res.Writer = orig
+	c.SetRequest(req)
+	if abort != nil {
+		s.releaseClaim(c, claim, key)
+		panic(abort)
+	}
+	status := res.Status
+	if !res.Committed {
+		status = http.StatusOK
+	}
+	if status == http.StatusServiceUnavailable {
+		// Nothing committed (the database or a dependency was down): a
+		// retry with the same key should run, not replay the 503.
+		s.releaseClaim(c, claim, key)
+	} else {
+		stored := http.Header{}
+		for k, vs := range orig.Header() {
+			stored[k] = append([]string(nil), vs...)
+		}
+		for _, k := range unreplayed {
+			stored.Del(k)
+		}
+		// Stored in the background: the client gets its answer without
+		// waiting for Redis, a duplicate meanwhile waits for the result.
+		rid, owner := RequestID(c), claim.Owner()
+		claim.FinishAsync(idempotency.Response{Status: status, Header: stored, Body: rec.body.Bytes()}, func(err error) {
+			switch {
+			case errors.Is(err, idempotency.ErrNotOwner):
+				s.logger.Warn("idempotency result not stored: the claim was taken over by a newer owner",
+					"request_id", rid, "idempotency_key", key, "owner", owner)
+			case err != nil:
+				s.logger.Error("idempotency result not stored", "request_id", rid, "idempotency_key", key, "error", err)
+			}
+		})
+	}
+	orig.WriteHeader(status)
+	// A write error means the client went away; its retry replays the
+	// stored response.
+	_, _ = orig.Write(rec.body.Bytes())
+	return nil
+}
+
+func (s *Server) releaseClaim(c echo.Context, claim *idempotency.Claim, key string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), finishTimeout)
+	defer cancel()
+	if err := claim.Release(ctx); err != nil {
+		s.logger.Warn("idempotency claim not released", "request_id", RequestID(c), "idempotency_key", key, "error", err)
+	}
+}
+
+// callRecovering runs next, turning a panic into a *panicError (rendered
+// and stored as an internal error like any other); http.ErrAbortHandler is
+// returned as abort, to be re-panicked.
+func callRecovering(c echo.Context, next echo.HandlerFunc) (err error, abort any) {
+	defer func() {
+		if v := recover(); v != nil {
+			if v == http.ErrAbortHandler { //nolint:errorlint // net/http compares it by identity too
+				abort = v
+				return
+			}
+			err = &panicError{value: v, stack: debug.Stack()}
+		}
+	}()
+	return next(c), nil
+}
+
+// recorder is the http.ResponseWriter of a claimed request: it keeps the
+// body, and shares the header map of the real writer.
+type recorder struct {
+	header http.Header
+	body   bytes.Buffer
+}
+
+func (r *recorder) Header() http.Header         { return r.header }
+func (r *recorder) Write(b []byte) (int, error) { return r.body.Write(b) }
+func (r *recorder) WriteHeader(int)             {}

@@ -1,0 +1,514 @@
+package web_test
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kumiko-go/kumiko/features/orders"
+	"github.com/kumiko-go/kumiko/framework"
+	"github.com/kumiko-go/kumiko/framework/auth"
+	"github.com/kumiko-go/kumiko/framework/idempotency"
+	"github.com/kumiko-go/kumiko/framework/kumikotest"
+	"github.com/kumiko-go/kumiko/framework/web"
+	"github.com/kumiko-go/kumiko/internal/redistest"
+)
+
+// idemBundle is a server with an idempotency store.
+type idemBundle struct {
+	*bundle
+	store  *idempotency.Store
+	prefix string
+	// calls counts runs of the idem-test writes.
+	calls *atomic.Int32
+}
+
+// idemOptions tune setupIdem.
+type idemOptions struct {
+	db     *kumikotest.DB // nil: a fresh one
+	rdb    redis.UniversalClient
+	prefix string
+	lease  time.Duration
+	// blockForever makes idem-test:write:block hang (the crash child).
+	blockForever bool
+}
+
+// idemPayload is the payload of the idem-test writes.
+type idemPayload struct {
+	Note string `json:"note"`
+}
+
+// setupIdem starts a server with the orders feature, an "idem-test" feature
+// and an idempotency store on Redis under a prefix of its own.
+func setupIdem(t *testing.T, o idemOptions) *idemBundle {
+	t.Helper()
+	if o.db == nil {
+		o.db = kumikotest.NewDB(t)
+	}
+	if o.rdb == nil {
+		o.rdb = testRedis(t)
+	}
+	if o.prefix == "" {
+		o.prefix = "kumiko-test:idem:" + randHex(6)
+	}
+	calls := &atomic.Int32{}
+	reg := framework.NewRegistry()
+	orders.Register(reg)
+	f := reg.Feature("idem-test")
+	noted := framework.DefineEvent[idemPayload](f, "noted", nil)
+	framework.Write(f, "unavailable", func(_ context.Context, _ *framework.Tx, _ idemPayload) (any, error) {
+		calls.Add(1)
+		return nil, &framework.Error{Code: framework.CodeUnavailable, Message: "upstream down"}
+	}, nil)
+	framework.Write(f, "slow", func(ctx context.Context, tx *framework.Tx, in idemPayload) (map[string]string, error) {
+		calls.Add(1)
+		time.Sleep(300 * time.Millisecond)
+		return map[string]string{"note": in.Note}, tx.Append(framework.Stream{Type: "note", ID: randHex(8)}, framework.NoStream, noted.With(in))
+	}, nil)
+	framework.Write(f, "block", func(ctx context.Context, tx *framework.Tx, in idemPayload) (map[string]string, error) {
+		calls.Add(1)
+		if o.blockForever {
+			select {}
+		}
+		return map[string]string{"note": in.Note}, tx.Append(framework.Stream{Type: "note", ID: randHex(8)}, framework.NoStream, noted.With(in))
+	}, nil)
+	framework.Write(f, "panic", func(context.Context, *framework.Tx, idemPayload) (any, error) {
+		calls.Add(1)
+		panic("handler exploded")
+	}, nil)
+	rt, err := framework.NewRuntime(reg, o.db.Pool, nil)
+	require.NoError(t, err)
+	keys, err := auth.NewKeyring([]auth.Key{{ID: "k1", Secret: secret}})
+	require.NoError(t, err)
+	store, err := idempotency.New(o.rdb, &idempotency.Config{Prefix: o.prefix, TTL: 10 * time.Minute, Lease: o.lease, WaitTimeout: 15 * time.Second})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, store.Close(context.Background())) }) // after the server closed
+	logs := &lockedBuffer{}
+	s := web.New(rt, keys, &web.Config{Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})), Idempotency: store})
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(srv.Close)
+	return &idemBundle{
+		bundle: &bundle{db: o.db, url: srv.URL, client: srv.Client(), keys: keys, logs: logs},
+		store:  store, prefix: o.prefix, calls: calls,
+	}
+}
+
+func testRedis(t testing.TB) *redis.Client {
+	t.Helper()
+	url := os.Getenv("KUMIKO_TEST_REDIS_URL")
+	if url == "" {
+		url = "redis://127.0.0.1:6379/0"
+	}
+	opts, err := redis.ParseURL(url)
+	require.NoError(t, err)
+	c := redis.NewClient(opts)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// tokenFor mints a token of user in tenant.
+func (b *idemBundle) tokenFor(t *testing.T, tenant, user string) string {
+	t.Helper()
+	tok, err := b.keys.Mint(auth.Principal{UserID: user, TenantID: tenant}, time.Hour)
+	require.NoError(t, err)
+	return tok
+}
+
+// keyed posts body to path with an Idempotency-Key header ("" for none).
+func (b *idemBundle) keyed(t *testing.T, path, token, key string, body any) response {
+	t.Helper()
+	h := map[string]string{}
+	if key != "" {
+		h[web.HeaderIdempotencyKey] = key
+	}
+	return b.do(t, request{path: path, token: token, body: body, headers: h})
+}
+
+// eventsWithKey counts the events whose metadata carries key.
+func (b *idemBundle) eventsWithKey(t *testing.T, key string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.db.Pool.QueryRow(t.Context(),
+		`SELECT count(*) FROM events WHERE metadata->>'idempotencyKey' = $1`, key).Scan(&n))
+	return n
+}
+
+func place(customer string) map[string]any {
+	return map[string]any{"type": "orders:write:place", "payload": map[string]any{"customer": customer, "amountCents": 4200}}
+}
+
+func requireReplayOf(t *testing.T, first, again response) {
+	t.Helper()
+	require.Equal(t, first.status, again.status)
+	require.Equal(t, string(first.body), string(again.body), "replayed byte for byte")
+	require.Equal(t, "true", again.header.Get(web.HeaderIdempotentReplayed))
+	require.Empty(t, first.header.Get(web.HeaderIdempotentReplayed))
+	require.Equal(t, first.header.Get("Content-Type"), again.header.Get("Content-Type"))
+	require.Equal(t, first.header.Get(web.HeaderConsistencyToken), again.header.Get(web.HeaderConsistencyToken))
+	require.NotEqual(t, first.header.Get(web.HeaderRequestID), again.header.Get(web.HeaderRequestID), "the replay is its own request")
+}
+
+func TestIdempotentWriteReplaysSuccess(t *testing.T) {
+	t.Parallel()
+	b := setupIdem(t, idemOptions{})
+	tok := b.tokenFor(t, "acme", "alice")
+	key := "order-" + randHex(8)
+
+	first := b.keyed(t, "/api/write", tok, key, place("Ada"))
+	var res orders.WriteResult
+	first.requireData(t, &res)
+	require.NotEmpty(t, first.header.Get(web.HeaderConsistencyToken))
+
+	for range 2 {
+		again := b.keyed(t, "/api/write", tok, key, place("Ada"))
+		requireReplayOf(t, first, again)
+	}
+	// Key order and white space of the payload do not change the request.
+	again := b.keyed(t, "/api/write", tok, key, `{"payload": {"amountCents": 4200, "customer": "Ada"}, "type": "orders:write:place"}`)
+	requireReplayOf(t, first, again)
+
+	require.Equal(t, 1, b.eventsWithKey(t, key), "the write ran once")
+	b.requireRows(t, 1, 1)
+
+	// The event names the key and the request that ran it.
+	var meta framework.Metadata
+	require.NoError(t, b.db.Pool.QueryRow(t.Context(), `SELECT metadata FROM events WHERE metadata->>'idempotencyKey' = $1`, key).Scan(&meta))
+	require.Equal(t, key, meta.IdempotencyKey)
+	require.Equal(t, first.header.Get(web.HeaderRequestID), meta.RequestID)
+	require.Equal(t, "alice", meta.UserID)
+	replays := b.logs.lines(t, "idempotent replay")
+	require.Len(t, replays, 3)
+	require.Equal(t, key, replays[0]["idempotency_key"])
+	claims := b.logs.lines(t, "idempotency key claimed")
+	require.Len(t, claims, 1, "one owner")
+	require.Equal(t, meta.RequestID, claims[0]["request_id"])
+	require.NotEmpty(t, claims[0]["owner"])
+}
+
+func TestIdempotentWriteReplaysFailure(t *testing.T) {
+	t.Parallel()
+	b := setupIdem(t, idemOptions{})
+	tok := b.tokenFor(t, "acme", "alice")
+	key := "cancel-" + randHex(8)
+	cancel := map[string]any{"type": "orders:write:cancel", "payload": map[string]any{
+		"orderId": "018f0000-0000-7000-8000-000000000000", "expectedVersion": 1}}
+
+	first := b.keyed(t, "/api/write", tok, key, cancel)
+	env := first.requireError(t, http.StatusNotFound, "not_found")
+	again := b.keyed(t, "/api/write", tok, key, cancel)
+	requireReplayOf(t, first, again)
+	require.Contains(t, string(again.body), env.Error.RequestID, "the stored envelope names the first request")
+
+	// A panic is an internal error, stored like any failure.
+	pkey := "panic-" + randHex(8)
+	boom := map[string]any{"type": "idem-test:write:panic", "payload": map[string]any{"note": "x"}}
+	first = b.keyed(t, "/api/write", tok, pkey, boom)
+	first.requireError(t, http.StatusInternalServerError, "internal")
+	again = b.keyed(t, "/api/write", tok, pkey, boom)
+	requireReplayOf(t, first, again)
+	require.EqualValues(t, 1, b.calls.Load(), "the panicking handler ran once")
+	b.requireRows(t, 0, 0)
+}
+
+func TestIdempotencyKeyInBody(t *testing.T) {
+	t.Parallel()
+	b := setupIdem(t, idemOptions{})
+	tok := b.tokenFor(t, "acme", "alice")
+	key := "body-" + randHex(8)
+	withID := place("Grace")
+	withID["requestId"] = key
+
+	first := b.keyed(t, "/api/write", tok, "", withID)
+	require.Equal(t, http.StatusOK, first.status, "%s", first.body)
+	requireReplayOf(t, first, b.keyed(t, "/api/write", tok, "", withID))
+	// The header and the body naming the same key is one key.
+	requireReplayOf(t, first, b.keyed(t, "/api/write", tok, key, withID))
+	require.Equal(t, 1, b.eventsWithKey(t, key))
+
+	// Different keys in header and body: 400, nothing runs.
+	env := b.keyed(t, "/api/write", tok, "other-"+randHex(4), withID).requireError(t, http.StatusBadRequest, "bad_request")
+	require.Contains(t, env.Error.Message, "differ")
+	b.requireRows(t, 1, 1)
+
+	// A batch with a requestId.
+	batch := map[string]any{"requestId": "batch-" + key, "commands": []any{
+		map[string]any{"type": "orders:write:place", "payload": map[string]any{"customer": "A", "amountCents": 1}},
+		map[string]any{"type": "orders:write:place", "payload": map[string]any{"customer": "B", "amountCents": 2}},
+	}}
+	bf := b.keyed(t, "/api/batch", tok, "", batch)
+	require.Equal(t, http.StatusOK, bf.status, "%s", bf.body)
+	requireReplayOf(t, bf, b.keyed(t, "/api/batch", tok, "", batch))
+	require.Equal(t, 2, b.eventsWithKey(t, "batch-"+key))
+	b.requireRows(t, 3, 3)
+}
+
+func TestIdempotencyKeyReusedForADifferentRequest(t *testing.T) {
+	t.Parallel()
+	b := setupIdem(t, idemOptions{})
+	tok := b.tokenFor(t, "acme", "alice")
+	key := "reuse-" + randHex(8)
+	require.Equal(t, http.StatusOK, b.keyed(t, "/api/write", tok, key, place("Ada")).status)
+
+	env := b.keyed(t, "/api/write", tok, key, place("Eve")).requireError(t, http.StatusUnprocessableEntity, "idempotency_key_reused")
+	require.Equal(t, key, env.Error.Details["idempotencyKey"])
+	// Another type with the same key, and the same key on another route.
+	b.keyed(t, "/api/write", tok, key, map[string]any{"type": "idem-test:write:block", "payload": map[string]any{"note": "x"}}).
+		requireError(t, http.StatusUnprocessableEntity, "idempotency_key_reused")
+	b.keyed(t, "/api/batch", tok, key, map[string]any{"commands": []any{place("Ada")}}).
+		requireError(t, http.StatusUnprocessableEntity, "idempotency_key_reused")
+	require.Equal(t, 1, b.eventsWithKey(t, key))
+	b.requireRows(t, 1, 1)
+}
+
+func TestIdempotencyIsScopedByTenantAndUser(t *testing.T) {
+	t.Parallel()
+	b := setupIdem(t, idemOptions{})
+	key := "shared-" + randHex(8)
+	ids := map[string]bool{}
+	for _, who := range [][2]string{{"acme", "alice"}, {"acme", "bob"}, {"globex", "alice"}} {
+		tok := b.tokenFor(t, who[0], who[1])
+		r := b.keyed(t, "/api/write", tok, key, place("Ada"))
+		require.Empty(t, r.header.Get(web.HeaderIdempotentReplayed), "%v must not get another caller's result", who)
+		var res orders.WriteResult
+		r.requireData(t, &res)
+		ids[res.ID] = true
+		requireReplayOf(t, r, b.keyed(t, "/api/write", tok, key, place("Ada")))
+	}
+	require.Len(t, ids, 3)
+	require.Equal(t, 3, b.eventsWithKey(t, key))
+}
+
+func TestParallelDuplicatesRunOnce(t *testing.T) {
+	t.Parallel()
+	b := setupIdem(t, idemOptions{})
+	tok := b.tokenFor(t, "acme", "alice")
+	key := "parallel-" + randHex(8)
+	body := map[string]any{"type": "idem-test:write:slow", "payload": map[string]any{"note": "once"}}
+	const n = 12
+	results := make([]response, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			results[i] = b.keyed(t, "/api/write", tok, key, body)
+		})
+	}
+	close(start)
+	wg.Wait()
+	replayed := 0
+	for i, r := range results {
+		require.Equal(t, http.StatusOK, r.status, "request %d: %s", i, r.body)
+		require.Equal(t, string(results[0].body), string(r.body))
+		if r.header.Get(web.HeaderIdempotentReplayed) == "true" {
+			replayed++
+		}
+	}
+	require.Equal(t, n-1, replayed)
+	require.EqualValues(t, 1, b.calls.Load(), "the handler ran once")
+	require.Equal(t, 1, b.eventsWithKey(t, key), "one event: one execution")
+}
+
+func TestUnavailableIsNotStored(t *testing.T) {
+	t.Parallel()
+	b := setupIdem(t, idemOptions{})
+	tok := b.tokenFor(t, "acme", "alice")
+	key := "transient-" + randHex(8)
+	body := map[string]any{"type": "idem-test:write:unavailable", "payload": map[string]any{}}
+	b.keyed(t, "/api/write", tok, key, body).requireError(t, http.StatusServiceUnavailable, "unavailable")
+	r := b.keyed(t, "/api/write", tok, key, body)
+	r.requireError(t, http.StatusServiceUnavailable, "unavailable")
+	require.Empty(t, r.header.Get(web.HeaderIdempotentReplayed))
+	require.EqualValues(t, 2, b.calls.Load(), "a retry after a 503 runs again")
+}
+
+func TestInvalidIdempotencyKey(t *testing.T) {
+	t.Parallel()
+	b := setupIdem(t, idemOptions{})
+	tok := b.tokenFor(t, "acme", "alice")
+	for _, key := range []string{"has space", strings.Repeat("k", 256)} {
+		b.keyed(t, "/api/write", tok, key, place("Ada")).requireError(t, http.StatusBadRequest, "bad_request")
+	}
+	bad := place("Ada")
+	bad["requestId"] = "ünïcode"
+	b.keyed(t, "/api/write", tok, "", bad).requireError(t, http.StatusBadRequest, "bad_request")
+	b.requireRows(t, 0, 0)
+	// A keyed request with a malformed body is the handler's 400, and
+	// claims nothing.
+	b.keyed(t, "/api/write", tok, "k-"+randHex(4), `{"type": "orders:write:place", "payload": {`).requireError(t, http.StatusBadRequest, "bad_request")
+}
+
+func TestIdempotencyRedisDown(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	b := setupIdem(t, idemOptions{rdb: srv.Client()})
+	tok := b.tokenFor(t, "acme", "alice")
+	require.Equal(t, http.StatusOK, b.keyed(t, "/api/write", tok, "up-"+randHex(4), place("Before")).status)
+
+	srv.Stop()
+	key := "down-" + randHex(8)
+	env := b.keyed(t, "/api/write", tok, key, place("Keyed")).requireError(t, http.StatusServiceUnavailable, "idempotency_unavailable")
+	require.Contains(t, env.Error.Message, "not executed")
+	b.keyed(t, "/api/batch", tok, key, map[string]any{"commands": []any{place("KeyedBatch")}}).
+		requireError(t, http.StatusServiceUnavailable, "idempotency_unavailable")
+	require.Equal(t, 0, b.eventsWithKey(t, key), "a keyed request does not run unprotected")
+	var keyed int
+	require.NoError(t, b.db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM orders WHERE customer LIKE 'Keyed%'`).Scan(&keyed))
+	require.Zero(t, keyed)
+	// Unkeyed writes go on.
+	require.Equal(t, http.StatusOK, b.keyed(t, "/api/write", tok, "", place("Unkeyed")).status)
+
+	srv.Start()
+	first := b.keyed(t, "/api/write", tok, key, place("Keyed"))
+	require.Equal(t, http.StatusOK, first.status, "%s", first.body)
+	requireReplayOf(t, first, b.keyed(t, "/api/write", tok, key, place("Keyed")))
+	b.requireRows(t, 3, 3)
+}
+
+func TestWriteAnswersConsistencyToken(t *testing.T) {
+	t.Parallel()
+	b := setupIdem(t, idemOptions{})
+	tok := b.tokenFor(t, "acme", "alice")
+	r := b.keyed(t, "/api/write", tok, "", place("Ada"))
+	var body struct {
+		Data             orders.WriteResult `json:"data"`
+		ConsistencyToken string             `json:"consistencyToken"`
+	}
+	require.NoError(t, json.Unmarshal(r.body, &body))
+	require.True(t, framework.ValidConsistencyToken(body.ConsistencyToken), "token %q", body.ConsistencyToken)
+	require.Equal(t, body.ConsistencyToken, r.header.Get(web.HeaderConsistencyToken))
+	require.NotEmpty(t, body.Data.ID)
+
+	// The token comes back in a header or the body.
+	get := map[string]any{"type": "orders:query:get", "payload": map[string]any{"orderId": body.Data.ID}}
+	q := b.do(t, request{path: "/api/query", token: tok, body: get, headers: map[string]string{web.HeaderConsistencyToken: body.ConsistencyToken}})
+	var o orders.Order
+	q.requireData(t, &o)
+	require.Equal(t, "Ada", o.Customer)
+	get["consistencyToken"] = body.ConsistencyToken
+	b.post(t, "/api/query", tok, get).requireData(t, &o)
+	get["consistencyToken"] = "not-a-token"
+	b.post(t, "/api/query", tok, get).requireError(t, http.StatusBadRequest, "bad_request")
+
+	// A batch answers one token too.
+	br := b.keyed(t, "/api/batch", tok, "", map[string]any{"commands": []any{place("B")}})
+	require.Equal(t, http.StatusOK, br.status)
+	require.True(t, framework.ValidConsistencyToken(br.header.Get(web.HeaderConsistencyToken)))
+}
+
+// The crash test: a child process (this test binary, re-executed) claims a
+// key with a write that never ends and is killed with SIGKILL; the same
+// request to another server waits for the dead owner's lease to run out,
+// takes the key over and runs once.
+
+const crashChildEnv = "KUMIKO_WEB_IDEM_CRASH_CHILD"
+
+func TestIdempotencyCrashChild(t *testing.T) {
+	spec := os.Getenv(crashChildEnv)
+	if spec == "" {
+		t.Skip("helper process of TestCrashedOwnerIsReclaimed")
+	}
+	var cfg struct{ DBURL, Prefix string }
+	require.NoError(t, json.Unmarshal([]byte(spec), &cfg))
+	pool := kumikotest.DB{URL: cfg.DBURL}
+	p, err := newPool(t, cfg.DBURL)
+	require.NoError(t, err)
+	pool.Pool = p
+	b := setupIdem(t, idemOptions{db: &pool, prefix: cfg.Prefix, lease: 600 * time.Millisecond, blockForever: true})
+	fmt.Printf("LISTEN %s\n", b.url)
+	select {} // until killed
+}
+
+func TestCrashedOwnerIsReclaimed(t *testing.T) {
+	t.Parallel()
+	db := kumikotest.NewDB(t)
+	prefix := "kumiko-test:idem:" + randHex(6)
+	spec, err := json.Marshal(map[string]string{"DBURL": db.URL, "Prefix": prefix})
+	require.NoError(t, err)
+	child := exec.Command(os.Args[0], "-test.run=^TestIdempotencyCrashChild$", "-test.count=1")
+	child.Env = append(os.Environ(), crashChildEnv+"="+string(spec))
+	out, err := child.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, child.Start())
+	t.Cleanup(func() { _ = child.Process.Kill(); _ = child.Wait() })
+	var childURL string
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		if u, ok := strings.CutPrefix(sc.Text(), "LISTEN "); ok {
+			childURL = u
+			break
+		}
+	}
+	require.NotEmpty(t, childURL, "child did not start")
+	go func() { // drain
+		for sc.Scan() {
+		}
+	}()
+
+	b := setupIdem(t, idemOptions{db: db, prefix: prefix, lease: 600 * time.Millisecond})
+	tok := b.tokenFor(t, "acme", "alice")
+	key := "crash-" + randHex(8)
+	body := map[string]any{"type": "idem-test:write:block", "payload": map[string]any{"note": "after crash"}}
+
+	// The child claims the key; its handler hangs.
+	go func() {
+		req, _ := http.NewRequestWithContext(context.Background(), http.MethodPost, childURL+"/api/write",
+			strings.NewReader(`{"type":"idem-test:write:block","payload":{"note":"after crash"}}`))
+		req.Header.Set("Authorization", "Bearer "+tok)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set(web.HeaderIdempotencyKey, key)
+		if res, err := http.DefaultClient.Do(req); err == nil {
+			_ = res.Body.Close()
+		}
+	}()
+	rdb := testRedis(t)
+	require.Eventually(t, func() bool {
+		n, err := rdb.Exists(t.Context(), prefix+":acme:alice:"+key).Result()
+		return err == nil && n == 1
+	}, 10*time.Second, 10*time.Millisecond, "child never claimed the key")
+	require.NoError(t, child.Process.Signal(syscall.SIGKILL))
+	_ = child.Wait()
+
+	start := time.Now()
+	r := b.keyed(t, "/api/write", tok, key, body)
+	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
+	require.Empty(t, r.header.Get(web.HeaderIdempotentReplayed), "the dead owner stored nothing: this request runs")
+	require.Greater(t, time.Since(start), 100*time.Millisecond, "it waited for the lease")
+	require.Equal(t, 1, b.eventsWithKey(t, key), "one execution (the dead one committed nothing)")
+	requireReplayOf(t, r, b.keyed(t, "/api/write", tok, key, body))
+}
+
+// newPool opens a pool on url, closed when the test ends.
+func newPool(t *testing.T, url string) (*pgxpool.Pool, error) {
+	t.Helper()
+	p, err := pgxpool.New(t.Context(), url)
+	if err != nil {
+		return nil, err
+	}
+	t.Cleanup(p.Close)
+	return p, nil
+}
