@@ -236,7 +236,16 @@ func (c *Cache) Consumer(reg *framework.Registry) (dispatcher.Consumer, bool) {
 
 // Stats are the cache's counters summed over queries, for tests and tools.
 type Stats struct {
-	Hits, Misses, RedisErrors, Bypassed, Invalidations float64
+	// Hits counts reads answered from Redis.
+	Hits float64
+	// Misses counts reads loaded from the database (and filled).
+	Misses float64
+	// RedisErrors counts lookups and fills that failed on Redis.
+	RedisErrors float64
+	// Bypassed counts reads sent to the database during the cooldown.
+	Bypassed float64
+	// Invalidations counts entities invalidated by events.
+	Invalidations float64
 }
 
 // Stats returns the counters.

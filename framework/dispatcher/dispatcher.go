@@ -476,21 +476,19 @@ func (d *Dispatcher) attempt(ctx context.Context, conn *pgx.Conn, c *consumerRun
 	}
 	// The transaction is switched to an event's tenant when its handler
 	// sends the first statement (see scopedConn).
-	sc := &scopedConn{conn: conn, applied: tenancy.SystemTenantID}
+	sc := &scopes{conn: conn, applied: tenancy.SystemTenantID}
 	written := 0
 	for i, env := range apply {
-		sc.want = tenancy.SystemTenantID
+		want := tenancy.SystemTenantID
 		if !c.System {
-			sc.want = env.TenantID
+			want = env.TenantID
 		}
-		tx := framework.NewEventTx(sc, d.reg, env)
+		tx := framework.NewEventTx(sc.db(want), d.reg, env)
 		aerr := c.Apply(ctx, tx, env)
 		if aerr == nil && tx.HasPending() {
 			_, aerr = tx.Flush(ctx)
 		}
-		if sc.err != nil {
-			return res, -1, nil, sc.err
-		}
+		sc.settle()
 		if aerr != nil {
 			if f != nil {
 				// It succeeded in the first attempt; give up this pass.
@@ -501,7 +499,9 @@ func (d *Dispatcher) attempt(ctx context.Context, conn *pgx.Conn, c *consumerRun
 		written += tx.Written()
 	}
 	if c.BeforeCommit != nil && len(apply) > 0 {
-		if err := c.BeforeCommit(ctx, sc); err != nil {
+		err := c.BeforeCommit(ctx, sc.db(sc.want))
+		sc.settle()
+		if err != nil {
 			return res, -1, nil, fmt.Errorf("before commit: %w", err)
 		}
 	}

@@ -1,88 +1,50 @@
 package dispatcher
 
 import (
-	"context"
-
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/kumiko-go/kumiko/framework"
 	"github.com/kumiko-go/kumiko/framework/tenancy"
 )
 
-// scopedConn is the pass connection as handlers see it: it re-scopes the
-// pass's transaction to the tenant of the event being applied only when the
-// handler sends its first statement, so events whose handler does not touch
-// the database (no handler for the type, in-memory consumers such as SSE)
-// cost no scoping round trip. No statement runs before the switch
-// succeeded.
-type scopedConn struct {
+// scopes tracks the tenant scope of a pass transaction. A handler gets a
+// connection that re-scopes the transaction to its event's tenant with
+// the first statement it sends, in one pipeline with that statement
+// (tenancy.SwitchLazily): events whose handler sends nothing (no handler
+// for the type, in-memory consumers such as SSE) cost no scoping, and
+// those that do cost no extra round trip. No statement runs before its
+// scope is in effect.
+type scopes struct {
 	conn *pgx.Conn
-	// applied is the scope in effect in the transaction.
+	// applied is the scope in effect ("" when unknown after a failed
+	// switch: the next handler's statement switches again).
 	applied string
-	// want is the scope the current event's statements need.
+	// want is the scope of the latest db call.
 	want string
-	// err is the first failed switch; the transaction is aborted then.
-	err error
+	// pending is the lazy switch handed out by the latest db call.
+	pending *tenancy.Lazy
 }
 
-// ensure switches the transaction to want if it is not scoped to it yet.
-func (s *scopedConn) ensure(ctx context.Context) error {
-	if s.err != nil {
-		return s.err
+// db returns the connection for statements in tenant's scope.
+func (s *scopes) db(tenant string) framework.DB {
+	s.want = tenant
+	s.pending = nil
+	if tenant == s.applied {
+		return s.conn
 	}
-	if s.want == s.applied {
-		return nil
-	}
-	if err := tenancy.Switch(ctx, s.conn, s.want); err != nil {
-		s.err = err
-		return err
-	}
-	s.applied = s.want
-	return nil
+	s.pending = tenancy.SwitchLazily(s.conn, tenant)
+	return s.pending
 }
 
-// Exec implements eventstore.DB.
-func (s *scopedConn) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if err := s.ensure(ctx); err != nil {
-		return pgconn.CommandTag{}, err
+// settle records the effect of the latest lazy switch once its handler is
+// done.
+func (s *scopes) settle() {
+	switch l := s.pending; {
+	case l == nil:
+	case l.Err() != nil:
+		s.applied = "" // unknown; the pass fails or switches again
+	case l.Begun():
+		s.applied = s.want
 	}
-	return s.conn.Exec(ctx, sql, args...)
+	s.pending = nil
 }
-
-// Query implements eventstore.DB.
-func (s *scopedConn) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if err := s.ensure(ctx); err != nil {
-		return nil, err
-	}
-	return s.conn.Query(ctx, sql, args...)
-}
-
-// QueryRow implements eventstore.DB.
-func (s *scopedConn) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if err := s.ensure(ctx); err != nil {
-		return errRow{err}
-	}
-	return s.conn.QueryRow(ctx, sql, args...)
-}
-
-// SendBatch implements eventstore.DB.
-func (s *scopedConn) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	if err := s.ensure(ctx); err != nil {
-		return errBatch{err}
-	}
-	return s.conn.SendBatch(ctx, b)
-}
-
-// errRow is a pgx.Row whose Scan fails with err.
-type errRow struct{ err error }
-
-func (r errRow) Scan(...any) error { return r.err }
-
-// errBatch is a pgx.BatchResults of a batch that was never sent.
-type errBatch struct{ err error }
-
-func (b errBatch) Exec() (pgconn.CommandTag, error) { return pgconn.CommandTag{}, b.err }
-func (b errBatch) Query() (pgx.Rows, error)         { return nil, b.err }
-func (b errBatch) QueryRow() pgx.Row                { return errRow(b) }
-func (b errBatch) Close() error                     { return b.err }
-func (b errBatch) Tx() pgx.Tx                       { return nil }

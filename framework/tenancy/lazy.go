@@ -37,8 +37,10 @@ type Lazy struct {
 	conn     LazyConn
 	tenant   string
 	readOnly bool
-	begun    bool
-	err      error
+	// open: the transaction is open already; the prefix is only the scope.
+	open  bool
+	begun bool
+	err   error
 }
 
 // BeginLazy returns a transaction on conn scoped to tenant that begins with
@@ -51,8 +53,18 @@ func BeginLazy(conn LazyConn, tenant string, opts Options) (*Lazy, error) {
 	return &Lazy{conn: conn, tenant: tenant, readOnly: opts.ReadOnly}, nil
 }
 
-// Begun reports whether BEGIN was sent (or its pipeline failed): only then
-// is there a transaction to roll back.
+// SwitchLazily re-scopes the open transaction on conn to tenant with the
+// next statement sent through the returned Lazy (the dispatcher runs the
+// events of several tenants in one pass): the scoping statements travel in
+// one pipeline with that statement. If no statement is sent, the
+// transaction keeps its scope.
+func SwitchLazily(conn LazyConn, tenant string) *Lazy {
+	return &Lazy{conn: conn, tenant: tenant, open: true}
+}
+
+// Begun reports whether BEGIN (for [SwitchLazily]: the scope) was sent, or
+// its pipeline failed: only then is there a transaction to roll back (or a
+// new scope in effect).
 func (l *Lazy) Begun() bool { return l.begun || l.err != nil }
 
 // Err returns the error of a failed pipeline that carried the BEGIN.
@@ -62,13 +74,25 @@ func (l *Lazy) Err() error { return l.err }
 // it queued.
 func (l *Lazy) queuePrefix(b *pgx.Batch) int {
 	n := b.Len()
-	if l.readOnly {
+	switch {
+	case l.open:
+	case l.readOnly:
 		b.Queue(`BEGIN READ ONLY`)
-	} else {
+	default:
 		b.Queue(`BEGIN`)
 	}
 	QueueScope(b, l.tenant)
 	return b.Len() - n
+}
+
+// fail records the failure of a pipeline that carried the prefix.
+func (l *Lazy) fail(err error) error {
+	if l.open {
+		l.err = fmt.Errorf("tenancy: switch to tenant %q: %w", l.tenant, err)
+	} else {
+		l.err = fmt.Errorf("tenancy: begin for tenant %q: %w", l.tenant, err)
+	}
+	return l.err
 }
 
 // readPrefix reads the results of the n prefix statements of br. On error
@@ -77,8 +101,7 @@ func (l *Lazy) readPrefix(br pgx.BatchResults, n int) error {
 	for range n {
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
-			l.err = fmt.Errorf("tenancy: begin for tenant %q: %w", l.tenant, err)
-			return l.err
+			return l.fail(err)
 		}
 	}
 	l.begun = true
@@ -98,8 +121,7 @@ func (l *Lazy) Begin(ctx context.Context) error {
 		return err
 	}
 	if err := br.Close(); err != nil {
-		l.err = fmt.Errorf("tenancy: begin for tenant %q: %w", l.tenant, err)
-		return l.err
+		return l.fail(err)
 	}
 	return nil
 }

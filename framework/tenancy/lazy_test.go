@@ -237,3 +237,42 @@ func TestLazyStatementErrorAbortsTheTransaction(t *testing.T) {
 	_, err = l.Exec(ctx, "COMMIT")
 	require.NoError(t, err)
 }
+
+// TestSwitchLazilyRescopesWithTheNextStatement: in an open transaction of
+// t1, a lazy switch to t2 takes effect with the next statement (in its
+// pipeline), and an unused switch changes nothing.
+func TestSwitchLazilyRescopesWithTheNextStatement(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := newLazyBundle(t)
+	require.NoError(t, tenancy.Begin(ctx, b.conn, "t1", tenancy.Options{}))
+	scope := func(db interface {
+		QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	}) (string, int64) {
+		var s, r string
+		var n int64
+		var one int
+		require.NoError(t, db.QueryRow(ctx, scopeSQL, 1).Scan(&s, &r, &n, &one))
+		require.Equal(t, tenancy.Role, r)
+		return s, n
+	}
+	unused := tenancy.SwitchLazily(b.conn.Conn(), "t2")
+	require.False(t, unused.Begun())
+	s, _ := scope(b.conn)
+	require.Equal(t, "t1", s, "an unused switch sends nothing")
+
+	l := tenancy.SwitchLazily(b.conn.Conn(), "t2")
+	s, n := scope(l)
+	require.True(t, l.Begun())
+	require.Equal(t, "t2", s)
+	require.Equal(t, int64(1), n)
+	_, err := l.Exec(ctx, `INSERT INTO lazy_items VALUES ($1, 'mine')`, "t2")
+	require.NoError(t, err)
+	_, err = l.Exec(ctx, `INSERT INTO lazy_items VALUES ($1, 'theirs')`, "t1")
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "42501", pgErr.Code, "row-level security of t2")
+	_, err = b.conn.Exec(ctx, "ROLLBACK")
+	require.NoError(t, err)
+	require.Equal(t, byte('I'), b.txStatus())
+}
