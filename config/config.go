@@ -132,6 +132,16 @@ type Config struct {
 	// milliseconds. Defaults to 30s.
 	DrainTimeout time.Duration
 
+	// IdempotencyTTL is how long a finished idempotent write's outcome is
+	// kept for replay, read from KUMIKO_IDEMPOTENCY_TTL as a positive Go
+	// duration. Defaults to 24h.
+	IdempotencyTTL time.Duration
+
+	// ReplicaWait bounds how long a query carrying a consistency token waits
+	// for the read replica to replay past it before it runs on the primary,
+	// read from KUMIKO_REPLICA_WAIT_MS. Defaults to 500.
+	ReplicaWait time.Duration
+
 	// RunLocalJobs makes an api process also consume the api job lane, read
 	// from KUMIKO_RUN_LOCAL_JOBS (true, false, 1 or 0). Defaults to false.
 	RunLocalJobs bool
@@ -161,6 +171,8 @@ const (
 	defaultDispatcherPollInterval = 100 * time.Millisecond
 	defaultDispatcherBatchSize    = 500
 	defaultDrainTimeout           = 30000 * time.Millisecond
+	defaultIdempotencyTTL         = 24 * time.Hour
+	defaultReplicaWait            = 500 * time.Millisecond
 	defaultLogLevel               = slog.LevelInfo
 
 	maxDatabasePoolMax     = 1000
@@ -221,6 +233,8 @@ func FromLookup(lookup func(string) (string, bool)) (*Config, error) {
 	c.DispatcherBatchSize = l.intRange("KUMIKO_DISPATCHER_BATCH_SIZE", defaultDispatcherBatchSize, 1, maxDispatcherBatchSize)
 	c.DispatcherPollOnly = l.boolean("KUMIKO_DISPATCHER_POLL_ONLY")
 	c.DrainTimeout = l.millis("KUMIKO_DRAIN_TIMEOUT_MS", defaultDrainTimeout, true)
+	c.IdempotencyTTL = l.duration("KUMIKO_IDEMPOTENCY_TTL", defaultIdempotencyTTL, false)
+	c.ReplicaWait = l.millis("KUMIKO_REPLICA_WAIT_MS", defaultReplicaWait, false)
 	c.RunLocalJobs = l.boolean("KUMIKO_RUN_LOCAL_JOBS")
 	c.Dev = l.boolean("KUMIKO_DEV")
 	c.LogLevel = l.logLevel("LOG_LEVEL")

@@ -87,6 +87,8 @@ func TestDefaults(t *testing.T) {
 		DispatcherBatchSize:        500,
 		DispatcherPollOnly:         false,
 		DrainTimeout:               30 * time.Second,
+		IdempotencyTTL:             24 * time.Hour,
+		ReplicaWait:                500 * time.Millisecond,
 		RunLocalJobs:               false,
 		Dev:                        false,
 		LogLevel:                   slog.LevelInfo,
@@ -126,6 +128,7 @@ var allVariables = []string{
 	"KUMIKO_DISPATCHER_POLL_INTERVAL_MS", "KUMIKO_DISPATCHER_BATCH_SIZE",
 	"KUMIKO_DISPATCHER_POLL_ONLY", "KUMIKO_DRAIN_TIMEOUT_MS",
 	"KUMIKO_RUN_LOCAL_JOBS", "KUMIKO_DEV", "LOG_LEVEL",
+	"KUMIKO_IDEMPOTENCY_TTL", "KUMIKO_REPLICA_WAIT_MS",
 }
 
 func TestEveryVariableParsed(t *testing.T) {
@@ -153,6 +156,8 @@ func TestEveryVariableParsed(t *testing.T) {
 		"KUMIKO_RUN_LOCAL_JOBS":              "1",
 		"KUMIKO_DEV":                         "TRUE",
 		"LOG_LEVEL":                          "Debug",
+		"KUMIKO_IDEMPOTENCY_TTL":             "2h",
+		"KUMIKO_REPLICA_WAIT_MS":             "150",
 	}
 	require.ElementsMatch(t, allVariables, slices.Collect(maps.Keys(m)), "the test must set every variable")
 
@@ -180,6 +185,8 @@ func TestEveryVariableParsed(t *testing.T) {
 		DispatcherBatchSize:    10000,
 		DispatcherPollOnly:     true,
 		DrainTimeout:           0,
+		IdempotencyTTL:         2 * time.Hour,
+		ReplicaWait:            150 * time.Millisecond,
 		RunLocalJobs:           true,
 		Dev:                    true,
 		LogLevel:               slog.LevelDebug,
@@ -295,6 +302,8 @@ func TestEveryProblemReportedAtOnce(t *testing.T) {
 		"KUMIKO_RUN_LOCAL_JOBS":              "yes",
 		"KUMIKO_DEV":                         "no",
 		"LOG_LEVEL":                          "trace",
+		"KUMIKO_IDEMPOTENCY_TTL":             "1 day",
+		"KUMIKO_REPLICA_WAIT_MS":             "0",
 	}
 	require.ElementsMatch(t, allVariables, slices.Collect(maps.Keys(bad)), "the test must break every variable")
 

@@ -33,7 +33,7 @@ type appReads struct {
 func (a *App) setupReads(consumers []dispatcher.Consumer) ([]dispatcher.Consumer, error) {
 	a.reads = &appReads{}
 	if a.readPool != nil {
-		r, err := replica.New(a.pool, a.readPool, &replica.Config{Logger: a.log, Metrics: a.metrics})
+		r, err := replica.New(a.pool, a.readPool, &replica.Config{Logger: a.log, Metrics: a.metrics, WaitTimeout: a.cfg.ReplicaWait})
 		if err != nil {
 			return nil, fmt.Errorf("entrypoint: %w", err)
 		}
@@ -52,7 +52,7 @@ func (a *App) setupReads(consumers []dispatcher.Consumer) ([]dispatcher.Consumer
 		}
 	}
 	if a.mode != config.ModeWorker {
-		s, err := idempotency.New(a.redis, &idempotency.Config{Logger: a.log, Metrics: a.metrics})
+		s, err := idempotency.New(a.redis, &idempotency.Config{Logger: a.log, Metrics: a.metrics, TTL: a.cfg.IdempotencyTTL})
 		if err != nil {
 			return nil, fmt.Errorf("entrypoint: %w", err)
 		}
