@@ -18,6 +18,7 @@ import (
 
 	"github.com/kumiko-go/kumiko/framework"
 	"github.com/kumiko-go/kumiko/framework/dispatcher"
+	kmetrics "github.com/kumiko-go/kumiko/framework/metrics"
 )
 
 // ConsumerName is the persistent name of the invalidation consumer; never
@@ -89,28 +90,15 @@ func New(rdb redis.UniversalClient, cfg *Config) (*Cache, error) {
 	if cfg.Metrics != nil {
 		var err error
 		for _, p := range []**prometheus.CounterVec{&c.m.hits, &c.m.misses, &c.m.errors, &c.m.bypassed} {
-			if *p, err = register(cfg.Metrics, *p); err != nil {
+			if *p, err = kmetrics.Register(cfg.Metrics, *p); err != nil {
 				return nil, err
 			}
 		}
-		if c.m.invalidations, err = register(cfg.Metrics, c.m.invalidations); err != nil {
+		if c.m.invalidations, err = kmetrics.Register(cfg.Metrics, c.m.invalidations); err != nil {
 			return nil, err
 		}
 	}
 	return c, nil
-}
-
-func register[C prometheus.Collector](reg prometheus.Registerer, col C) (C, error) {
-	if err := reg.Register(col); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing, nil
-			}
-		}
-		return col, fmt.Errorf("cache: register metrics: %w", err)
-	}
-	return col, nil
 }
 
 // Key returns the Redis key of one cached entity.

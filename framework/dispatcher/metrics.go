@@ -1,10 +1,9 @@
 package dispatcher
 
 import (
-	"errors"
-	"fmt"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	kmetrics "github.com/kumiko-go/kumiko/framework/metrics"
 )
 
 // metrics are the dispatcher's Prometheus collectors.
@@ -43,35 +42,20 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	var err error
-	if m.lag, err = register(reg, m.lag); err != nil {
+	if m.lag, err = kmetrics.Register(reg, m.lag); err != nil {
 		return nil, err
 	}
-	if m.processed, err = register(reg, m.processed); err != nil {
+	if m.processed, err = kmetrics.Register(reg, m.processed); err != nil {
 		return nil, err
 	}
-	if m.failed, err = register(reg, m.failed); err != nil {
+	if m.failed, err = kmetrics.Register(reg, m.failed); err != nil {
 		return nil, err
 	}
-	if m.visibility, err = register(reg, m.visibility); err != nil {
+	if m.visibility, err = kmetrics.Register(reg, m.visibility); err != nil {
 		return nil, err
 	}
-	if m.listen, err = register(reg, m.listen); err != nil {
+	if m.listen, err = kmetrics.Register(reg, m.listen); err != nil {
 		return nil, err
 	}
 	return m, nil
-}
-
-// register adds c to reg, or returns the collector already registered
-// under its name (several dispatchers in one process share them).
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing, nil
-			}
-		}
-		return c, fmt.Errorf("dispatcher: register metrics: %w", err)
-	}
-	return c, nil
 }

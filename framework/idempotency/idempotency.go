@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kumiko-go/kumiko/framework/metrics"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -106,27 +108,14 @@ func New(rdb redis.UniversalClient, cfg *Config) (*Store, error) {
 	}
 	if cfg.Metrics != nil {
 		var err error
-		if s.replays, err = register(cfg.Metrics, s.replays); err != nil {
+		if s.replays, err = metrics.Register(cfg.Metrics, s.replays); err != nil {
 			return nil, err
 		}
-		if s.reclaims, err = register(cfg.Metrics, s.reclaims); err != nil {
+		if s.reclaims, err = metrics.Register(cfg.Metrics, s.reclaims); err != nil {
 			return nil, err
 		}
 	}
 	return s, nil
-}
-
-func register(reg prometheus.Registerer, c prometheus.Counter) (prometheus.Counter, error) {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(prometheus.Counter); ok {
-				return existing, nil
-			}
-		}
-		return nil, fmt.Errorf("idempotency: register metrics: %w", err)
-	}
-	return c, nil
 }
 
 // TTL returns how long keys are kept.

@@ -1,10 +1,9 @@
 package jobs
 
 import (
-	"errors"
-	"fmt"
-
 	"github.com/prometheus/client_golang/prometheus"
+
+	kmetrics "github.com/kumiko-go/kumiko/framework/metrics"
 )
 
 // metrics are the jobs' Prometheus collectors.
@@ -55,41 +54,26 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return m, nil
 	}
 	var err error
-	if m.enqueued, err = register(reg, m.enqueued); err != nil {
+	if m.enqueued, err = kmetrics.Register(reg, m.enqueued); err != nil {
 		return nil, err
 	}
-	if m.succeeded, err = register(reg, m.succeeded); err != nil {
+	if m.succeeded, err = kmetrics.Register(reg, m.succeeded); err != nil {
 		return nil, err
 	}
-	if m.failed, err = register(reg, m.failed); err != nil {
+	if m.failed, err = kmetrics.Register(reg, m.failed); err != nil {
 		return nil, err
 	}
-	if m.retried, err = register(reg, m.retried); err != nil {
+	if m.retried, err = kmetrics.Register(reg, m.retried); err != nil {
 		return nil, err
 	}
-	if m.archived, err = register(reg, m.archived); err != nil {
+	if m.archived, err = kmetrics.Register(reg, m.archived); err != nil {
 		return nil, err
 	}
-	if m.depth, err = register(reg, m.depth); err != nil {
+	if m.depth, err = kmetrics.Register(reg, m.depth); err != nil {
 		return nil, err
 	}
-	if m.eventToStart, err = register(reg, m.eventToStart); err != nil {
+	if m.eventToStart, err = kmetrics.Register(reg, m.eventToStart); err != nil {
 		return nil, err
 	}
 	return m, nil
-}
-
-// register adds c to reg, or returns the collector already registered under
-// its name (several runners in one process share them).
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing, nil
-			}
-		}
-		return c, fmt.Errorf("jobs: register metrics: %w", err)
-	}
-	return c, nil
 }

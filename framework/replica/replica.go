@@ -11,6 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kumiko-go/kumiko/framework/metrics"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kumiko-go/kumiko/framework"
@@ -87,12 +89,9 @@ func New(primary, replica *pgxpool.Pool, cfg *Config) (*Router, error) {
 		}, []string{"reason"}),
 	}
 	if cfg.Metrics != nil {
-		if err := cfg.Metrics.Register(r.fallbacks); err != nil {
-			var are prometheus.AlreadyRegisteredError
-			if !errors.As(err, &are) {
-				return nil, fmt.Errorf("replica: register metrics: %w", err)
-			}
-			r.fallbacks = are.ExistingCollector.(*prometheus.CounterVec)
+		var err error
+		if r.fallbacks, err = metrics.Register(cfg.Metrics, r.fallbacks); err != nil {
+			return nil, fmt.Errorf("replica: %w", err)
 		}
 	}
 	return r, nil

@@ -16,6 +16,7 @@ import (
 	"github.com/kumiko-go/kumiko/framework"
 	"github.com/kumiko-go/kumiko/framework/dispatcher"
 	"github.com/kumiko-go/kumiko/framework/eventstore"
+	"github.com/kumiko-go/kumiko/framework/metrics"
 )
 
 // ConsumerName is the per-instance system consumer that feeds the hub. It
@@ -135,33 +136,18 @@ func New(pool *pgxpool.Pool, reg *framework.Registry, cfg *Config) (*Hub, error)
 	h.space = sync.NewCond(&h.mu)
 	if c.Metrics != nil {
 		var err error
-		if h.clients, err = register(c.Metrics, h.clients); err != nil {
+		if h.clients, err = metrics.Register(c.Metrics, h.clients); err != nil {
 			return nil, err
 		}
-		if h.dropped, err = register(c.Metrics, h.dropped); err != nil {
+		if h.dropped, err = metrics.Register(c.Metrics, h.dropped); err != nil {
 			return nil, err
 		}
-		if h.sent, err = register(c.Metrics, h.sent); err != nil {
+		if h.sent, err = metrics.Register(c.Metrics, h.sent); err != nil {
 			return nil, err
 		}
 	}
 	go h.fanout()
 	return h, nil
-}
-
-// register adds c to reg, or returns the collector already registered under
-// its name (several hubs in one process share them).
-func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing, nil
-			}
-		}
-		return c, fmt.Errorf("sse: register metrics: %w", err)
-	}
-	return c, nil
 }
 
 // Consumer returns the per-instance system consumer that feeds the hub:

@@ -36,15 +36,17 @@ type Options struct {
 	ReadOnly bool
 }
 
-// QueueScope queues the statements that scope the open transaction to
-// tenant (or lift the restriction for [SystemTenantID]).
+// QueueScope queues the statement that scopes the open transaction to
+// tenant (or lifts the restriction for [SystemTenantID]): one statement
+// setting kumiko.tenant_id and the role, as SET LOCAL ROLE would
+// (set_config('role', ..., true) is the same setting; "none" resets it to
+// the session user).
 func QueueScope(b *pgx.Batch, tenant string) {
-	b.Queue(`SELECT set_config('kumiko.tenant_id', $1, true)`, tenant)
+	role := Role
 	if tenant == SystemTenantID {
-		b.Queue(`SET LOCAL ROLE NONE`)
-	} else {
-		b.Queue(`SET LOCAL ROLE ` + Role)
+		role = "none"
 	}
+	b.Queue(`SELECT set_config('kumiko.tenant_id', $1, true), set_config('role', $2, true)`, tenant, role)
 }
 
 // Begin starts a transaction on conn scoped to tenant, in one round trip.

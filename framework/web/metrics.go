@@ -1,12 +1,12 @@
 package web
 
 import (
-	"errors"
-	"fmt"
 	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	kmetrics "github.com/kumiko-go/kumiko/framework/metrics"
 )
 
 // httpMetrics are the server's Prometheus collectors.
@@ -34,10 +34,10 @@ func newHTTPMetrics(reg prometheus.Registerer) (*httpMetrics, error) {
 		}, []string{"method", "route"}),
 	}
 	var err error
-	if m.requests, err = registerCollector(reg, m.requests); err != nil {
+	if m.requests, err = kmetrics.Register(reg, m.requests); err != nil {
 		return nil, err
 	}
-	if m.duration, err = registerCollector(reg, m.duration); err != nil {
+	if m.duration, err = kmetrics.Register(reg, m.duration); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -55,19 +55,6 @@ func (m *httpMetrics) observe(method, route string, status int, d time.Duration)
 	}
 	m.requests.WithLabelValues(method, route, strconv.Itoa(status)).Inc()
 	m.duration.WithLabelValues(method, route).Observe(d.Seconds())
-}
-
-func registerCollector[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
-	if err := reg.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing, nil
-			}
-		}
-		return c, fmt.Errorf("web: register metrics: %w", err)
-	}
-	return c, nil
 }
 
 // methodLabel bounds the method label to the standard methods.
