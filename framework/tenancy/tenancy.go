@@ -1,12 +1,16 @@
 // Package tenancy scopes a Postgres transaction to one tenant, so that
 // row-level security confines every statement in it to that tenant's rows.
 //
-// A tenant-scoped transaction sets kumiko.tenant_id with set_config(...,
-// true) and switches to the non-privileged role kumiko_tenant with SET LOCAL
-// ROLE; the policies created by kumiko_enable_tenancy (FORCE ROW LEVEL
-// SECURITY) then apply even when the pool connects as a superuser. The system
-// tenant keeps the connecting role and so sees every tenant. [Begin] sends
-// BEGIN and the scoping in one pipelined batch: one round trip.
+// A tenant-scoped transaction sets kumiko.tenant_id and switches to the
+// non-privileged role kumiko_tenant, both transaction-local (one statement:
+// set_config(..., true) of both settings, the equivalent of SET LOCAL ROLE);
+// the policies created by kumiko_enable_tenancy (FORCE ROW LEVEL SECURITY)
+// then apply even when the pool connects as a superuser. The system tenant
+// keeps the connecting role and so sees every tenant. [Begin] sends BEGIN
+// and the scoping in one pipelined batch: one round trip. [BeginLazy] sends
+// them with the transaction's first statement instead, and [SwitchLazily]
+// re-scopes an open transaction with its next statement: no round trip of
+// their own.
 package tenancy
 
 import (
