@@ -265,3 +265,26 @@ func (t *Tx) HasPending() bool { return len(t.pending) > 0 }
 
 // Written returns how many events this Tx has written so far.
 func (t *Tx) Written() int { return t.written }
+
+// Queuer is implemented by connections that can defer a statement and send
+// it in one pipeline with later ones (the dispatcher's pass connection).
+type Queuer interface {
+	// Queue defers sql; an error means it ran at once and failed.
+	Queue(ctx context.Context, sql string, args ...any) error
+}
+
+// Queue runs one statement whose result the handler does not need. In a
+// dispatcher pass it is deferred and sent in one pipeline with the pass's
+// next statement or with its COMMIT, which saves a round trip per event for
+// projections that only write: use it for upserts into a projection's table.
+// Every later statement of the transaction runs after it, so reading the
+// row back works. Elsewhere it runs at once. A deferred statement that fails
+// fails the pass, which is then re-run with every statement sent at once,
+// so the failure is attributed to its event as usual.
+func (t *Tx) Queue(ctx context.Context, sql string, args ...any) error {
+	if q, ok := t.db.(Queuer); ok {
+		return q.Queue(ctx, sql, args...)
+	}
+	_, err := t.db.Exec(ctx, sql, args...)
+	return err
+}

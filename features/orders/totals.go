@@ -22,11 +22,12 @@ type TotalsInput struct{}
 // and amount per customer, cancelled orders subtracted) and its query.
 func registerTotals(f *framework.Feature, ft *Feature) {
 	p := framework.MultiStreamProjection(f, "order-totals", &framework.ProjectionOptions{Table: "order_totals"})
+	// Queue defers the upsert to the pass's next round trip: a pass of 500
+	// placed events sends them in one pipeline with its COMMIT.
 	framework.On(p, ft.Placed, func(ctx context.Context, tx *framework.Tx, e framework.Event[Placed]) error {
-		_, err := tx.Exec(ctx, `INSERT INTO order_totals AS t (tenant_id, customer, orders, amount_cents) VALUES ($1, $2, 1, $3)
+		return tx.Queue(ctx, `INSERT INTO order_totals AS t (tenant_id, customer, orders, amount_cents) VALUES ($1, $2, 1, $3)
 			ON CONFLICT (tenant_id, customer) DO UPDATE SET orders = t.orders + 1, amount_cents = t.amount_cents + EXCLUDED.amount_cents`,
 			e.TenantID, e.Payload.Customer, e.Payload.AmountCents)
-		return err
 	})
 	framework.On(p, ft.Cancelled, func(ctx context.Context, tx *framework.Tx, e framework.Event[Cancelled]) error {
 		// The cancelled event names only the order: read what it placed from

@@ -412,7 +412,12 @@ func (d *Dispatcher) pass(ctx context.Context, c *consumerRun) (passResult, erro
 		return passResult{}, fmt.Errorf("dispatcher: acquire: %w", err)
 	}
 	defer conn.Release()
-	res, failAt, failErr, err := d.attempt(ctx, conn.Conn(), c, c.BatchSize, nil)
+	res, failAt, failErr, err := d.attempt(ctx, conn.Conn(), c, c.BatchSize, nil, false)
+	if errors.Is(err, errQueueFailed) {
+		// Which event's deferred statement failed is unknown: run the pass
+		// again with statements sent at once.
+		res, failAt, failErr, err = d.attempt(ctx, conn.Conn(), c, c.BatchSize, nil, true)
+	}
 	if err != nil || failAt < 0 {
 		if err != nil {
 			err = fmt.Errorf("dispatcher: %s: %w", c.Name, err)
@@ -423,7 +428,7 @@ func (d *Dispatcher) pass(ctx context.Context, c *consumerRun) (passResult, erro
 	// to the event before it, recording the failure with the cursor.
 	d.metrics.failed.WithLabelValues(c.Name, c.instance).Inc()
 	d.log.Warn("consumer event failed", "consumer", c.Name, "instance_id", c.instance, "error", failErr)
-	res, _, _, err = d.attempt(ctx, conn.Conn(), c, failAt+1, &failure{index: failAt, err: failErr})
+	res, _, _, err = d.attempt(ctx, conn.Conn(), c, failAt+1, &failure{index: failAt, err: failErr}, true)
 	if err != nil {
 		err = fmt.Errorf("dispatcher: %s: record failure: %w", c.Name, err)
 	}
@@ -440,7 +445,9 @@ type failure struct {
 // attempt runs one pass transaction. Without f it applies up to limit
 // events and, when one fails, rolls back and returns its index (failAt >=
 // 0). With f it applies the events before f.index and records the failure.
-func (d *Dispatcher) attempt(ctx context.Context, conn *pgx.Conn, c *consumerRun, limit int, f *failure) (res passResult, failAt int, failErr error, err error) {
+// In direct mode statements deferred with framework.Tx.Queue are sent at
+// once; otherwise a failing deferred statement returns errQueueFailed.
+func (d *Dispatcher) attempt(ctx context.Context, conn *pgx.Conn, c *consumerRun, limit int, f *failure, direct bool) (res passResult, failAt int, failErr error, err error) {
 	failAt = -1
 	committed := false
 	defer func() {
@@ -476,7 +483,7 @@ func (d *Dispatcher) attempt(ctx context.Context, conn *pgx.Conn, c *consumerRun
 	}
 	// The transaction is switched to an event's tenant when its handler
 	// sends the first statement (see scopedConn).
-	sc := &scopes{conn: conn, applied: tenancy.SystemTenantID}
+	sc := &scopes{conn: conn, applied: tenancy.SystemTenantID, direct: direct}
 	written := 0
 	for i, env := range apply {
 		want := tenancy.SystemTenantID
@@ -489,6 +496,9 @@ func (d *Dispatcher) attempt(ctx context.Context, conn *pgx.Conn, c *consumerRun
 			_, aerr = tx.Flush(ctx)
 		}
 		sc.settle()
+		if sc.queueErr != nil {
+			return res, -1, nil, sc.queueErr
+		}
 		if aerr != nil {
 			if f != nil {
 				// It succeeded in the first attempt; give up this pass.
@@ -501,12 +511,16 @@ func (d *Dispatcher) attempt(ctx context.Context, conn *pgx.Conn, c *consumerRun
 	if c.BeforeCommit != nil && len(apply) > 0 {
 		err := c.BeforeCommit(ctx, sc.db(sc.want))
 		sc.settle()
+		if sc.queueErr != nil {
+			return res, -1, nil, sc.queueErr
+		}
 		if err != nil {
 			return res, -1, nil, fmt.Errorf("before commit: %w", err)
 		}
 	}
 	b := &pgx.Batch{}
-	if sc.applied != tenancy.SystemTenantID {
+	deferred := len(sc.queue)
+	if scope := sc.queueDeferred(b, sc.applied); scope != tenancy.SystemTenantID {
 		tenancy.QueueScope(b, tenancy.SystemTenantID)
 	}
 	cur := eventstore.Cursor{}
@@ -554,6 +568,9 @@ WHERE name = $1 AND instance_id = $2`, c.Name, c.instance, attempts, bad.Positio
 	}
 	b.Queue(`COMMIT`)
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		if deferred > 0 {
+			return res, -1, nil, fmt.Errorf("%w: %w", errQueueFailed, err)
+		}
 		return res, -1, nil, fmt.Errorf("commit pass: %w", err)
 	}
 	committed = true

@@ -23,6 +23,13 @@ type scopes struct {
 	want string
 	// pending is the lazy switch handed out by the latest db call.
 	pending *tenancy.Lazy
+	// direct makes framework.Tx.Queue run statements at once (the re-run
+	// of a pass whose deferred statements failed).
+	direct bool
+	// queue holds statements deferred by framework.Tx.Queue.
+	queue []queuedStmt
+	// queueErr is the failure of a flush of the queue.
+	queueErr error
 }
 
 // db returns the connection for statements in tenant's scope.
@@ -30,10 +37,10 @@ func (s *scopes) db(tenant string) framework.DB {
 	s.want = tenant
 	s.pending = nil
 	if tenant == s.applied {
-		return s.conn
+		return &passDB{s: s, tenant: tenant, inner: s.conn}
 	}
 	s.pending = tenancy.SwitchLazily(s.conn, tenant)
-	return s.pending
+	return &passDB{s: s, tenant: tenant, inner: s.pending}
 }
 
 // settle records the effect of the latest lazy switch once its handler is

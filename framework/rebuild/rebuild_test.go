@@ -277,7 +277,16 @@ func TestRebuildWhileWritersContinue(t *testing.T) {
 		require.True(t, time.Now().Before(deadline))
 		time.Sleep(10 * time.Millisecond)
 	}
-	_, err := b.db.Pool.Exec(ctx, `UPDATE order_totals SET orders = orders + 1000`)
+	// Under the live consumer's pass lock, like every writer of the table:
+	// a live pass locks the rows of its batch's events in event order, this
+	// UPDATE all rows in scan order, and the two deadlock without it.
+	err := pgx.BeginFunc(ctx, b.db.Pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "orders:order-totals\x1f"+dispatcher.SharedInstance); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `UPDATE order_totals SET orders = orders + 1000`)
+		return err
+	})
 	require.NoError(t, err)
 	oldOID := b.oid(t, "order_totals")
 
