@@ -145,7 +145,7 @@ func New(pool *pgxpool.Pool, reg *framework.Registry, consumers []Consumer, cfg 
 		if cons.Delivery == framework.DeliveryPerInstance {
 			inst = c.InstanceID
 		}
-		cr := &consumerRun{Consumer: cons, instance: inst, wake: make(chan struct{}, 1), lockKey: cons.Name + "\x1f" + inst}
+		cr := &consumerRun{Consumer: cons, instance: inst, wake: make(chan struct{}, 1), lockKey: LockKey(cons.Name, inst)}
 		d.consumers = append(d.consumers, cr)
 		d.byName[cons.Name] = cr
 	}
@@ -158,6 +158,11 @@ func New(pool *pgxpool.Pool, reg *framework.Registry, consumers []Consumer, cfg 
 	}
 	return d, nil
 }
+
+// LockKey is the key of the transaction advisory lock a pass of the
+// consumer (name, instance) holds (hashed with hashtextextended); ops verbs
+// and rebuilds take the same lock to exclude passes.
+func LockKey(name, instance string) string { return name + "\x1f" + instance }
 
 // InstanceID returns the process's instance id.
 func (d *Dispatcher) InstanceID() string { return d.cfg.InstanceID }

@@ -288,7 +288,7 @@ func withConsumer(ctx context.Context, pool *pgxpool.Pool, verb, name, instance 
 		if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, OpsLockTimeout.Milliseconds())); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, opsLockSQL, name+"\x1f"+instance); err != nil {
+		if _, err := tx.Exec(ctx, opsLockSQL, LockKey(name, instance)); err != nil {
 			var pgErr *pgconn.PgError
 			if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
 				return &opError{msg: fmt.Sprintf("consumer %s is still processing a pass after %s; try again", label(name, instance), OpsLockTimeout), kind: ErrConsumerBusy}

@@ -681,7 +681,7 @@ func (r *run) swapOnce(ctx context.Context, d *dispatcher.Dispatcher) (*Result, 
 	}
 	// The dispatcher's pass lock of the live consumer: no live pass runs
 	// (or is in flight) until this transaction ends.
-	if _, err := tx.Exec(ctx, passLockSQL, r.p.Name()+"\x1f"+dispatcher.SharedInstance); err != nil {
+	if _, err := tx.Exec(ctx, passLockSQL, dispatcher.LockKey(r.p.Name(), dispatcher.SharedInstance)); err != nil {
 		return nil, fmt.Errorf("rebuild: swap: lock live consumer: %w", err)
 	}
 	if err := r.catchUp(ctx, d, PhaseSwap, 20); err != nil {
