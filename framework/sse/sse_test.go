@@ -267,7 +267,9 @@ func TestResumeUnderLoad(t *testing.T) {
 // TestSlowClientDropped: a client that stops reading is cut off when its
 // buffer overflows; a fast client on the same hub gets everything, and is
 // not held up: if publishing waited for the slow client, the fast one would
-// stall for the slow one's write timeout (10 s here).
+// stall for the slow one's write timeout (a minute here: far longer than the
+// writes take even on a loaded machine, so a drop before it can only be the
+// full buffer's).
 //
 // The events are written in rounds of half the buffer, each waited for by
 // the fast client, so the fast client's queue never holds more than that:
@@ -278,7 +280,7 @@ func TestResumeUnderLoad(t *testing.T) {
 func TestSlowClientDropped(t *testing.T) {
 	t.Parallel()
 	const (
-		writeTimeout = 10 * time.Second
+		writeTimeout = time.Minute
 		buffer       = 64
 		round        = buffer / 2
 	)
@@ -295,23 +297,27 @@ func TestSlowClientDropped(t *testing.T) {
 	require.NoError(t, err)
 	eventually(t, "both clients connected", func() bool { return b.hub.Clients() == 2 })
 
-	const n = 150
-	big := strings.Repeat("x", 100_000) // 15 MB in all: more than the socket buffers (at most 4 MB) and the queue (6.4 MB) hold
+	// The slow client holds at most the socket buffers (up to 4 MB), the
+	// frames its handler took last (up to a round, 3.2 MB) and its queue
+	// (6.4 MB): 20 MB in all overflow it with a wide margin.
+	const n = 200
+	big := strings.Repeat("x", 100_000)
 	start := time.Now()
 	var dropped, fastLag time.Duration
+	droppedAt := -1
 	var got []sse.Event
 	for i := 0; i < n; {
 		for end := min(i+round, n); i < end; i++ {
 			b.note(t, "acme", "memo", i, big)
 			if dropped == 0 && b.hub.Clients() == 1 {
-				dropped = time.Since(start)
+				dropped, droppedAt = time.Since(start), i
 			}
 		}
 		written := time.Now()
 		got = fast.waitFor(t, i)
 		fastLag = max(fastLag, time.Since(written))
 		if dropped == 0 && b.hub.Clients() == 1 {
-			dropped = time.Since(start)
+			dropped, droppedAt = time.Since(start), i
 		}
 	}
 	writeTime := time.Since(start)
@@ -320,7 +326,7 @@ func TestSlowClientDropped(t *testing.T) {
 	if dropped == 0 {
 		dropped = time.Since(start)
 	}
-	t.Logf("writes took %s, slow client dropped after %s, fast client complete at most %s after a round's last write", writeTime, dropped, fastLag)
+	t.Logf("writes took %s, slow client dropped after %s (event %d of %d), fast client complete at most %s after a round's last write", writeTime, dropped, droppedAt, n, fastLag)
 	require.Less(t, dropped, writeTimeout, "dropped by its full buffer, not by the write timeout")
 	require.Less(t, fastLag, writeTimeout/2, "the fast client was held up")
 	require.InDelta(t, 1, b.metric(t, "kumiko_sse_dropped_clients_total"), 0)
