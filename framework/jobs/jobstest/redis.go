@@ -4,95 +4,36 @@
 package jobstest
 
 import (
-	"context"
-	"fmt"
-	"net"
-	"os/exec"
-	"strconv"
-	"sync"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/kumiko-go/kumiko/internal/redistest"
 )
 
 // Redis is a redis-server process owned by one test (no persistence).
 type Redis struct {
-	// Port is the server's port on 127.0.0.1; it stays the same across
+	// URL is redis://127.0.0.1:<port>/0; the port stays the same across
 	// Stop and Start.
-	Port int
-	// URL is redis://127.0.0.1:<Port>/0.
 	URL string
 
-	t   testing.TB
-	dir string
-	mu  sync.Mutex
-	cmd *exec.Cmd
+	srv *redistest.Server
 }
 
 // StartRedis starts redis-server (from PATH) on a free port and stops it
-// when the test ends. The test is skipped when redis-server is missing.
+// when the test ends.
 func StartRedis(t testing.TB) *Redis {
 	t.Helper()
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		t.Skip("redis-server not installed")
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("jobstest: free port: %v", err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	_ = ln.Close()
-	r := &Redis{Port: port, URL: fmt.Sprintf("redis://127.0.0.1:%d/0", port), t: t, dir: t.TempDir()}
-	r.Start()
-	t.Cleanup(r.Stop)
-	return r
+	srv := redistest.Start(t)
+	return &Redis{URL: "redis://" + srv.Addr() + "/0", srv: srv}
 }
 
 // Start starts the server (again) on its port and waits until it answers.
-func (r *Redis) Start() {
-	r.t.Helper()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.cmd != nil {
-		return
-	}
-	cmd := exec.Command("redis-server", "--port", strconv.Itoa(r.Port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", r.dir)
-	if err := cmd.Start(); err != nil {
-		r.t.Fatalf("jobstest: start redis-server: %v", err)
-	}
-	r.cmd = cmd
-	c := redis.NewClient(&redis.Options{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(r.Port)), MaxRetries: -1})
-	defer c.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		err := c.Ping(ctx).Err()
-		cancel()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			r.t.Fatalf("jobstest: redis-server on %d does not answer: %v", r.Port, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
+func (r *Redis) Start() { r.srv.Start() }
 
 // Stop kills the server with SIGKILL (an outage: nothing is saved) and
 // waits until it is gone.
-func (r *Redis) Stop() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.cmd == nil {
-		return
-	}
-	_ = r.cmd.Process.Signal(syscall.SIGKILL)
-	_ = r.cmd.Wait()
-	r.cmd = nil
-}
+func (r *Redis) Stop() { r.srv.Stop() }
 
 // Client returns a client of the server, closed when the test ends.
 func (r *Redis) Client(t testing.TB) *redis.Client {
