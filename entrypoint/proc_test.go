@@ -7,11 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"os"
 	"os/exec"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -22,6 +19,7 @@ import (
 	"github.com/kumiko-go/kumiko/config"
 	"github.com/kumiko-go/kumiko/framework/auth"
 	"github.com/kumiko-go/kumiko/framework/sse"
+	"github.com/kumiko-go/kumiko/internal/proctest"
 )
 
 // wait bounds every "eventually" of these tests: the visibility horizon is
@@ -53,42 +51,13 @@ func token(t *testing.T, tenant string) string {
 	return tok
 }
 
-// freeAddr returns a loopback address with a port nobody listens on.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
-	return addr
-}
-
-// lockedBuffer is a goroutine-safe log sink.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // proc is one kumiko process.
 type proc struct {
-	name   string
-	cmd    *exec.Cmd
-	url    string // base URL of its HTTP server (health server for a worker)
-	logs   *lockedBuffer
-	exited chan struct{}
-	code   int
+	*proctest.Proc
+	name string
+	cmd  *exec.Cmd
+	url  string // base URL of its HTTP server (health server for a worker)
+	logs *proctest.Buffer
 }
 
 // procEnv is the environment of a process: mode, database, Redis and
@@ -118,80 +87,30 @@ func start(t *testing.T, name string, env map[string]string, args ...string) *pr
 		args = []string{"serve"}
 	}
 	if env["HTTP_ADDR"] == "" {
-		env["HTTP_ADDR"] = freeAddr(t)
+		env["HTTP_ADDR"] = proctest.FreeAddr(t)
 	}
 	if env["WORKER_HTTP_ADDR"] == "" {
-		env["WORKER_HTTP_ADDR"] = freeAddr(t)
+		env["WORKER_HTTP_ADDR"] = proctest.FreeAddr(t)
 	}
-	p := &proc{name: name, logs: &lockedBuffer{}, exited: make(chan struct{})}
+	pp := proctest.Start(t, binary, name, env, args...)
+	p := &proc{Proc: pp, name: name, cmd: pp.Cmd, logs: pp.Output}
 	p.url = "http://" + env["HTTP_ADDR"]
 	if env["APP_MODE"] == "worker" {
 		p.url = "http://" + env["WORKER_HTTP_ADDR"]
 	}
-	p.cmd = exec.Command(binary, args...)
-	p.cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}
-	for k, v := range env {
-		p.cmd.Env = append(p.cmd.Env, k+"="+v)
-	}
-	p.cmd.Stdout = p.logs
-	p.cmd.Stderr = p.logs
-	require.NoError(t, p.cmd.Start())
-	go func() {
-		err := p.cmd.Wait()
-		p.code = p.cmd.ProcessState.ExitCode()
-		if err != nil && p.code == 0 {
-			p.code = -1
-		}
-		close(p.exited)
-	}()
-	t.Cleanup(func() {
-		p.kill()
-		if t.Failed() {
-			t.Logf("logs of %s:\n%s", p.name, tail(p.logs.String(), 60))
-		}
-	})
 	return p
 }
 
-func tail(s string, n int) string {
-	lines := strings.Split(s, "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
-
 // kill stops the process with SIGKILL and waits for it.
-func (p *proc) kill() {
-	select {
-	case <-p.exited:
-		return
-	default:
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGKILL)
-	<-p.exited
-}
+func (p *proc) kill() { p.Kill() }
 
 // running reports whether the process has not exited.
-func (p *proc) running() bool {
-	select {
-	case <-p.exited:
-		return false
-	default:
-		return true
-	}
-}
+func (p *proc) running() bool { return p.Alive() }
 
 // waitExit waits for the process to exit and returns its exit code.
 func (p *proc) waitExit(t *testing.T, timeout time.Duration) int {
 	t.Helper()
-	select {
-	case <-p.exited:
-		return p.code
-	case <-time.After(timeout):
-		t.Fatalf("%s did not exit within %s", p.name, timeout)
-		return 0
-	}
+	return p.WaitExit(t, timeout)
 }
 
 // httpClient is a client that never reuses connections, so that no idle
@@ -219,7 +138,7 @@ func (p *proc) waitReady(t *testing.T) {
 	deadline := time.Now().Add(wait)
 	for {
 		if !p.running() {
-			t.Fatalf("%s exited with %d while starting", p.name, p.code)
+			t.Fatalf("%s exited with %d while starting", p.name, p.Code())
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		code, _, err := get(ctx, p.url+"/health/ready")

@@ -1,16 +1,12 @@
 package demo_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -25,6 +21,7 @@ import (
 	"github.com/kumiko-go/kumiko/framework/auth"
 	"github.com/kumiko-go/kumiko/framework/jobs/jobstest"
 	"github.com/kumiko-go/kumiko/framework/kumikotest"
+	"github.com/kumiko-go/kumiko/internal/proctest"
 )
 
 // chromium is Debian's chromium, which .ci/run installs when missing.
@@ -45,8 +42,8 @@ func TestMain(m *testing.M) {
 		os.Exit(2)
 	}
 	binary = filepath.Join(dir, "kumiko")
-	if out, err := exec.Command("go", "build", "-o", binary, "github.com/kumiko-go/kumiko/cmd/kumiko").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build kumiko: %v\n%s", err, out)
+	if err := proctest.Build("github.com/kumiko-go/kumiko/cmd/kumiko", binary); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		_ = os.RemoveAll(dir)
 		os.Exit(2)
 	}
@@ -55,54 +52,25 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// syncBuffer collects a process's output.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // server runs `kumiko serve` in all-in-one mode with KUMIKO_DEV=1 (what
-// `make run` does) on a fixed address, so that it can be restarted.
+// `make run` does) on a fixed address, so that it can be restarted. Each
+// run is killed with SIGKILL when the test ends, and its logs are shown if
+// the test failed.
 type server struct {
 	t    *testing.T
-	env  []string
+	env  map[string]string
 	addr string
-	logs *syncBuffer
-	cmd  *exec.Cmd
-	done chan struct{}
+	proc *proctest.Proc
 }
 
 func newServer(t *testing.T, dbURL, redisURL string) *server {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	addr := ln.Addr().String()
-	require.NoError(t, ln.Close())
-	s := &server{t: t, addr: addr, logs: &syncBuffer{}, env: []string{
-		"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"),
-		"APP_MODE=all-in-one", "KUMIKO_DEV=1", "HTTP_ADDR=" + addr, "WORKER_HTTP_ADDR=127.0.0.1:0",
-		"DATABASE_URL=" + dbURL, "REDIS_URL=" + redisURL, "JWT_SECRET=" + jwtSecret,
-		"KUMIKO_DISPATCHER_POLL_INTERVAL_MS=50",
+	addr := proctest.FreeAddr(t)
+	return &server{t: t, addr: addr, env: map[string]string{
+		"APP_MODE": "all-in-one", "KUMIKO_DEV": "1", "HTTP_ADDR": addr, "WORKER_HTTP_ADDR": "127.0.0.1:0",
+		"DATABASE_URL": dbURL, "REDIS_URL": redisURL, "JWT_SECRET": jwtSecret,
+		"KUMIKO_DISPATCHER_POLL_INTERVAL_MS": "50",
 	}}
-	t.Cleanup(func() {
-		s.stop(syscall.SIGKILL)
-		if t.Failed() {
-			t.Logf("server logs:\n%s", s.logs.String())
-		}
-	})
-	return s
 }
 
 func (s *server) url() string { return "http://" + s.addr }
@@ -110,15 +78,7 @@ func (s *server) url() string { return "http://" + s.addr }
 // start starts the process and waits until it is ready.
 func (s *server) start() {
 	s.t.Helper()
-	s.cmd = exec.Command(binary, "serve")
-	s.cmd.Env = s.env
-	s.cmd.Stdout, s.cmd.Stderr = s.logs, s.logs
-	require.NoError(s.t, s.cmd.Start())
-	s.done = make(chan struct{})
-	go func(cmd *exec.Cmd, done chan struct{}) {
-		_ = cmd.Wait()
-		close(done)
-	}(s.cmd, s.done)
+	s.proc = proctest.Start(s.t, binary, "server", s.env, "serve")
 	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 3 * time.Second}
 	deadline := time.Now().Add(wait)
 	for {
@@ -136,12 +96,12 @@ func (s *server) start() {
 
 // stop sends sig and waits for the process to exit.
 func (s *server) stop(sig syscall.Signal) {
-	if s.cmd == nil {
+	if s.proc == nil {
 		return
 	}
-	_ = s.cmd.Process.Signal(sig)
-	<-s.done
-	s.cmd = nil
+	_ = s.proc.Signal(sig)
+	<-s.proc.Exited()
+	s.proc = nil
 }
 
 // placeViaAPI places an order for the dev tenant through the HTTP API.

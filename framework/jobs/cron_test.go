@@ -2,15 +2,12 @@ package jobs_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -19,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kumiko-go/kumiko/framework/jobs"
+	"github.com/kumiko-go/kumiko/internal/proctest"
 )
 
 // TestCronOneRunPerTickInProcess runs three schedulers (three runners, as
@@ -38,24 +36,6 @@ func TestCronOneRunPerTickInProcess(t *testing.T) {
 	require.Equal(t, 0, b.count(t, `SELECT count(*) FROM runs WHERE tenant_id <> 'system' OR info <> 'test:job:every-second@tick-' || ref`))
 }
 
-// lockedBuffer collects a process's output.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestCronAcrossThreeWorkerProcesses starts three real worker processes of
 // the kumiko binary, whose users:job:nightly-report runs every 2 seconds:
 // every process fires every tick, and each tick runs exactly once.
@@ -63,36 +43,29 @@ func TestCronAcrossThreeWorkerProcesses(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil)
 	bin := binary(t)
-	type worker struct {
-		cmd  *exec.Cmd
-		logs *lockedBuffer
-		done chan error
-	}
-	var workers []*worker
+	var workers []*proctest.Proc
 	for i := range 3 {
-		w := &worker{logs: &lockedBuffer{}, done: make(chan error, 1)}
-		w.cmd = exec.Command(bin, "serve")
-		w.cmd.Env = append(os.Environ(),
-			"APP_MODE=worker", "DATABASE_URL="+b.db.URL, "REDIS_URL="+b.redis.URL,
-			"KUMIKO_SAMPLE_CRON=@every 2s", "WORKER_HTTP_ADDR=127.0.0.1:0", "LOG_LEVEL=debug",
-			fmt.Sprintf("KUMIKO_INSTANCE_ID=cron-worker-%d", i), "KUMIKO_DRAIN_TIMEOUT_MS=10000")
-		w.cmd.Stdout, w.cmd.Stderr = w.logs, w.logs
-		require.NoError(t, w.cmd.Start())
-		go func() { w.done <- w.cmd.Wait() }()
-		workers = append(workers, w)
-		t.Cleanup(func() {
-			_ = w.cmd.Process.Kill()
-			<-w.done
-		})
+		env := map[string]string{}
+		for _, kv := range os.Environ() {
+			if k, v, ok := strings.Cut(kv, "="); ok {
+				env[k] = v
+			}
+		}
+		for k, v := range map[string]string{
+			"APP_MODE": "worker", "DATABASE_URL": b.db.URL, "REDIS_URL": b.redis.URL,
+			"KUMIKO_SAMPLE_CRON": "@every 2s", "WORKER_HTTP_ADDR": "127.0.0.1:0", "LOG_LEVEL": "debug",
+			"KUMIKO_INSTANCE_ID": fmt.Sprintf("cron-worker-%d", i), "KUMIKO_DRAIN_TIMEOUT_MS": "10000",
+		} {
+			env[k] = v
+		}
+		workers = append(workers, proctest.Start(t, bin, fmt.Sprintf("cron-worker-%d", i), env, "serve"))
 	}
 	for _, w := range workers {
 		eventually(t, "worker ready", func() bool {
-			select {
-			case err := <-w.done:
-				t.Fatalf("worker exited: %v\n%s", err, w.logs.String())
-			default:
+			if !w.Alive() {
+				t.Fatalf("worker exited: %v\n%s", w.Err(), w.Logs())
 			}
-			return strings.Contains(w.logs.String(), `"msg":"process ready"`)
+			return strings.Contains(w.Logs(), `"msg":"process ready"`)
 		})
 	}
 	start := time.Now()
@@ -100,16 +73,15 @@ func TestCronAcrossThreeWorkerProcesses(t *testing.T) {
 		return b.count(t, `SELECT count(DISTINCT tick) FROM nightly_reports WHERE tick > $1`, start) >= 5
 	})
 	for _, w := range workers {
-		require.NoError(t, w.cmd.Process.Signal(syscall.SIGTERM))
+		require.NoError(t, w.Signal(syscall.SIGTERM))
 	}
 	for _, w := range workers {
 		select {
-		case err := <-w.done:
-			require.NoError(t, err, "worker did not exit cleanly:\n%s", w.logs.String())
+		case <-w.Exited():
+			require.NoError(t, w.Err(), "worker did not exit cleanly:\n%s", w.Logs())
 		case <-time.After(30 * time.Second):
 			t.Fatal("worker did not stop after SIGTERM")
 		}
-		w.done <- nil // for the cleanup
 	}
 
 	// One run per tick, no tick missing between the first and the last.
@@ -132,7 +104,7 @@ func TestCronAcrossThreeWorkerProcesses(t *testing.T) {
 	won := map[int64]int{}
 	for i, w := range workers {
 		fired := map[int64]bool{}
-		sc := bufio.NewScanner(strings.NewReader(w.logs.String()))
+		sc := bufio.NewScanner(strings.NewReader(w.Logs()))
 		for sc.Scan() {
 			var line struct {
 				Msg  string `json:"msg"`

@@ -1,22 +1,17 @@
 package e2e_test
 
 import (
-	"context"
 	"fmt"
-	"net"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
 	"github.com/kumiko-go/kumiko/framework/kumikotest"
+	"github.com/kumiko-go/kumiko/internal/proctest"
 )
 
 // The binaries the tests run, built once by TestMain: the real kumiko
@@ -35,8 +30,8 @@ func TestMain(m *testing.M) {
 		kumikoBin: "github.com/kumiko-go/kumiko/cmd/kumiko",
 		e2eBin:    "github.com/kumiko-go/kumiko/cmd/kumiko/internal/e2e/kumiko-e2e",
 	} {
-		if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "build %s: %v\n%s", pkg, err, out)
+		if err := proctest.Build(pkg, bin); err != nil {
+			fmt.Fprintln(os.Stderr, err)
 			_ = os.RemoveAll(dir)
 			os.Exit(2)
 		}
@@ -55,44 +50,10 @@ func TestMain(m *testing.M) {
 // deadline bounds every wait for the processes' work.
 const deadline = 90 * time.Second
 
-// lockedBuffer collects a process's output.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // proc is one OS process of a binary.
 type proc struct {
-	name   string
-	cmd    *exec.Cmd
-	logs   *lockedBuffer
-	exited chan struct{}
-	state  *os.ProcessState
-}
-
-// freeAddr returns a loopback address with a port that was free a moment
-// ago.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := (&net.ListenConfig{}).Listen(context.Background(), "tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("free port: %v", err)
-	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
-	return addr
+	*proctest.Proc
+	name string
 }
 
 // processEnv is the environment of a `serve` process: mode, database (its
@@ -115,8 +76,8 @@ func processEnv(t *testing.T, mode string, db *kumikotest.DB, redisURL, instance
 		"JWT_SECRET":                         "e2e-test-secret-0123456789abcdef0123",
 		"KUMIKO_INSTANCE_ID":                 instance,
 		"KUMIKO_DISPATCHER_POLL_INTERVAL_MS": "50",
-		"HTTP_ADDR":                          freeAddr(t),
-		"WORKER_HTTP_ADDR":                   freeAddr(t),
+		"HTTP_ADDR":                          proctest.FreeAddr(t),
+		"WORKER_HTTP_ADDR":                   proctest.FreeAddr(t),
 		"LOG_LEVEL":                          "info",
 	}
 	for i := 0; i+1 < len(extra); i += 2 {
@@ -129,59 +90,14 @@ func processEnv(t *testing.T, mode string, db *kumikotest.DB, redisURL, instance
 // test ends, and its log is shown if the test failed.
 func start(t *testing.T, bin, name string, env map[string]string) *proc {
 	t.Helper()
-	p := &proc{name: name, logs: &lockedBuffer{}, exited: make(chan struct{})}
-	p.cmd = exec.Command(bin, "serve")
-	p.cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME")}
-	for k, v := range env {
-		p.cmd.Env = append(p.cmd.Env, k+"="+v)
-	}
-	p.cmd.Stdout = p.logs
-	p.cmd.Stderr = p.logs
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", name, err)
-	}
-	go func() {
-		_ = p.cmd.Wait()
-		p.state = p.cmd.ProcessState
-		close(p.exited)
-	}()
-	t.Cleanup(func() {
-		p.kill()
-		if t.Failed() {
-			t.Logf("log of %s (last lines):\n%s", p.name, tail(p.logs.String(), 40))
-		}
-	})
-	return p
-}
-
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
+	return &proc{Proc: proctest.Start(t, bin, name, env, "serve"), name: name}
 }
 
 // kill sends SIGKILL and waits for the process to be gone.
-func (p *proc) kill() {
-	select {
-	case <-p.exited:
-		return
-	default:
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGKILL)
-	<-p.exited
-}
+func (p *proc) kill() { p.Kill() }
 
 // alive reports whether the process is still running.
-func (p *proc) alive() bool {
-	select {
-	case <-p.exited:
-		return false
-	default:
-		return true
-	}
-}
+func (p *proc) alive() bool { return p.Alive() }
 
 // waitUntil polls cond every 25ms until it holds; it fails the test after
 // the deadline, or at once when one of procs exited. cond returns whether
@@ -196,7 +112,7 @@ func waitUntil(t *testing.T, what string, procs []*proc, cond func() (bool, stri
 		}
 		for _, p := range procs {
 			if !p.alive() {
-				t.Fatalf("waiting for %s: %s exited (%v); state: %s", what, p.name, p.state, state)
+				t.Fatalf("waiting for %s: %s exited (%v); state: %s", what, p.name, p.State(), state)
 			}
 		}
 		if time.Now().After(end) {
