@@ -8,7 +8,7 @@
 //	func init() { register(Bench{Name: "append", Run: benchAppend}) }
 //
 // Flags: -run REGEX selects benchmarks by name; -quick shrinks the sizes for
-// a smoke run.
+// a smoke run; -cpuprofile FILE writes a CPU profile of the run.
 package main
 
 import (
@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"os"
 	"regexp"
+	"runtime/pprof"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -71,7 +72,20 @@ func (r Result) Ratio() float64 {
 func main() {
 	run := flag.String("run", ".", "regular expression selecting benchmarks by name")
 	quick := flag.Bool("quick", false, "small sizes, for a smoke run")
+	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "kumiko-bench:", err)
+			os.Exit(2)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(os.Stderr, "kumiko-bench:", err)
+			os.Exit(2)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	re, err := regexp.Compile(*run)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "kumiko-bench:", err)
@@ -114,6 +128,7 @@ func main() {
 	}
 	_ = w.Flush()
 	if failed {
+		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }
