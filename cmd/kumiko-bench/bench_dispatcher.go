@@ -317,13 +317,13 @@ func benchLatency(ctx context.Context, env *Env) ([]Result, error) {
 		if err != nil {
 			return nil, err
 		}
-		p50, p99 := evQuantile(lat, 0.50), evQuantile(lat, 0.99)
+		p50, p99 := quantile(lat, 0.50), quantile(lat, 0.99)
 		how := "in-process wake"
 		if viaListen {
 			how = "wake via NOTIFY/LISTEN"
 		}
 		fmt.Fprintf(os.Stderr, "   latency %s: %d events, p50 %s, p99 %s, max %s; transactions of other databases held the visibility horizon for up to %s\n",
-			how, len(lat), p50, p99, evQuantile(lat, 1), held.Round(time.Millisecond))
+			how, len(lat), p50, p99, quantile(lat, 1), held.Round(time.Millisecond))
 		out = append(out,
 			Result{Name: "commit→handler p50 at 500 events/s, " + how, Value: float64(p50.Microseconds()) / 1000, Unit: "ms",
 				Target: "<= 5 ms", Pass: p50 <= 5*time.Millisecond},

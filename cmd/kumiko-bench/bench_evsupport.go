@@ -8,7 +8,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -231,31 +230,7 @@ func evCompare(name string, m *evMeter, n int, sides ...evSide) ([]evSample, err
 	fmt.Fprintf(os.Stderr, "   %s, %d slices per side:\n", name, n)
 	for j, side := range sides {
 		fmt.Fprintf(os.Stderr, "     %-44s %8.0f/s  %-28s ratio to baseline %.2f (median slice %.2f)\n",
-			side.name, totals[j].rate(), totals[j].cpuPerOp()+" per op", totals[j].rate()/totals[1].rate(), evMedian(ratios[j]))
+			side.name, totals[j].rate(), totals[j].cpuPerOp()+" per op", totals[j].rate()/totals[1].rate(), median(ratios[j]))
 	}
 	return totals, nil
-}
-
-// evMedian returns the median of xs (0 for none).
-func evMedian(xs []float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
-// evQuantile returns the q-quantile (0..1) of ds by nearest rank.
-func evQuantile(ds []time.Duration, q float64) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	i := int(q*float64(len(s))+0.5) - 1
-	return s[min(max(i, 0), len(s)-1)]
 }

@@ -18,7 +18,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -115,7 +114,7 @@ func jobsPair(ctx context.Context, rounds int, baseline, framework func(ctx cont
 		fmt.Fprintf(os.Stderr, "   jobs-throughput round %d: framework %.0f, baseline %.0f (%.2f)\n", r+1, f, b, f/b)
 		fws, bases, ratios = append(fws, f), append(bases, b), append(ratios, f/b)
 	}
-	return jobsMedian(fws), jobsMedian(bases), jobsMedian(ratios), nil
+	return median(fws), median(bases), median(ratios), nil
 }
 
 // jobsPrefix is a queue prefix of its own for one measurement.
@@ -364,35 +363,11 @@ func benchJobsLatency(ctx context.Context, env *Env) ([]Result, error) {
 	for i := skip; i < total; i++ {
 		lat = append(lat, max(time.Duration(started[i].Load()-committed[i].Load()), 0))
 	}
-	p50, p99 := jobsQuantile(lat, 0.50), jobsQuantile(lat, 0.99)
+	p50, p99 := quantile(lat, 0.50), quantile(lat, 0.99)
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	name := fmt.Sprintf("jobs: event commit → job start at %d events/s (%d events)", rate, len(lat))
 	return []Result{
 		{Name: name + " p50", Value: ms(p50), Unit: "ms", Target: "<= 25 ms", Pass: p50 <= 25*time.Millisecond},
 		{Name: name + " p99", Value: ms(p99), Unit: "ms", Target: "<= 100 ms", Pass: p99 <= 100*time.Millisecond},
 	}, nil
-}
-
-// jobsMedian returns the median of xs (0 for none).
-func jobsMedian(xs []float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
-// jobsQuantile returns the q-quantile (0..1) of ds by nearest rank.
-func jobsQuantile(ds []time.Duration, q float64) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	i := int(q*float64(len(s))+0.5) - 1
-	return s[min(max(i, 0), len(s)-1)]
 }

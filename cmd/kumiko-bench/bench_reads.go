@@ -16,7 +16,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -228,24 +227,6 @@ func rdRun(ctx context.Context, workers int, d time.Duration, op func(ctx contex
 	return float64(len(lats)) / time.Since(start).Seconds(), lats, nil
 }
 
-func rdQuantile(ds []time.Duration, q float64) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	return s[min(max(int(q*float64(len(s))+0.5)-1, 0), len(s)-1)]
-}
-
-func rdMedian(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
 // rdDB creates a fresh database with a pool of maxConns.
 func rdDB(ctx context.Context, maxConns int32) (*pgxpool.Pool, func(), error) {
 	db, drop, err := kumikotest.CreateDB(ctx, nil)
@@ -331,7 +312,7 @@ func benchIdempotency(ctx context.Context, env *Env) ([]Result, error) {
 		if err != nil {
 			return nil, err
 		}
-		pp, kp := ms(rdQuantile(pl, 0.5)), ms(rdQuantile(kl, 0.5))
+		pp, kp := ms(quantile(pl, 0.5)), ms(quantile(kl, 0.5))
 		fmt.Fprintf(os.Stderr, "   idempotency round %d: keyed %.0f req/s p50 %.2f ms, unkeyed %.0f req/s p50 %.2f ms (a Redis round trip meanwhile: p50 %.2f ms)\n",
 			r+1, kr, kp, pr, pp, ms(rtt))
 		keyedRates, plainRates = append(keyedRates, kr), append(plainRates, pr)
@@ -347,11 +328,11 @@ func benchIdempotency(ctx context.Context, env *Env) ([]Result, error) {
 		return nil, fmt.Errorf("no idempotency keys stored")
 	}
 	throughput := Result{
-		Name: "POST /api/write orders:write:place with a fresh Idempotency-Key, 16 clients", Value: rdMedian(keyedRates), Unit: "req/s",
-		Baseline: "the same without a key", BaselineValue: rdMedian(plainRates), Target: ">= 0.85",
+		Name: "POST /api/write orders:write:place with a fresh Idempotency-Key, 16 clients", Value: median(keyedRates), Unit: "req/s",
+		Baseline: "the same without a key", BaselineValue: median(plainRates), Target: ">= 0.85",
 	}
 	throughput.Pass = throughput.Ratio() >= 0.85
-	added := rdMedian(keyedP50) - rdMedian(plainP50)
+	added := median(keyedP50) - median(plainP50)
 	latency := Result{
 		Name: "idempotency: p50 added to POST /api/write, 16 clients", Value: added, Unit: "ms",
 		Target: "<= 1 ms", Pass: added <= 1,
@@ -381,7 +362,7 @@ func rdProbe(ctx context.Context, rdb *redis.Client) func() time.Duration {
 			}
 		}
 	}()
-	return func() time.Duration { cancel(); return rdQuantile(<-done, 0.5) }
+	return func() time.Duration { cancel(); return quantile(<-done, 0.5) }
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -482,8 +463,8 @@ func benchCacheGet(ctx context.Context, env *Env) ([]Result, error) {
 		return nil, fmt.Errorf("cached runs were not all hits: %+v -> %+v", before, after)
 	}
 	res := Result{
-		Name: "POST /api/query orders:query:get from the entity cache, 32 clients", Value: rdMedian(cachedRates), Unit: "req/s",
-		Baseline: "the same query from the database", BaselineValue: rdMedian(plainRates), Target: ">= 2",
+		Name: "POST /api/query orders:query:get from the entity cache, 32 clients", Value: median(cachedRates), Unit: "req/s",
+		Baseline: "the same query from the database", BaselineValue: median(plainRates), Target: ">= 2",
 	}
 	res.Pass = res.Ratio() >= 2
 	return []Result{res}, nil

@@ -197,10 +197,10 @@ func benchSSELatency(ctx context.Context, env *Env) ([]Result, error) {
 	if missing > 0 {
 		return nil, fmt.Errorf("%d of %d events never reached the client", missing, n)
 	}
-	p50, p99 := evQuantile(lat, 0.50), evQuantile(lat, 0.99)
-	rt50, rt99 := evQuantile(roundTrips, 0.50), evQuantile(roundTrips, 0.99)
+	p50, p99 := quantile(lat, 0.50), quantile(lat, 0.99)
+	rt50, rt99 := quantile(roundTrips, 0.50), quantile(roundTrips, 0.99)
 	fmt.Fprintf(os.Stderr, "   %d events at %d/s: commit→client p50 %s, p90 %s, p95 %s, p99 %s, max %s; write round trip p50 %s, p99 %s\n",
-		len(lat), rate, p50, evQuantile(lat, 0.90), evQuantile(lat, 0.95), p99, evQuantile(lat, 1), rt50, rt99)
+		len(lat), rate, p50, quantile(lat, 0.90), quantile(lat, 0.95), p99, quantile(lat, 1), rt50, rt99)
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	return []Result{
 		{Name: "commit→SSE client p50 at 200 events/s", Value: ms(p50), Unit: "ms",

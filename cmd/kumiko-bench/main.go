@@ -18,6 +18,7 @@ import (
 	"os"
 	"regexp"
 	"runtime/pprof"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -131,4 +132,28 @@ func main() {
 		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
+}
+
+// median returns the median of xs (0 for none).
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// quantile returns the q-quantile (0..1) of ds by nearest rank (0 for none).
+func quantile(ds []time.Duration, q float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(q*float64(len(s))+0.5) - 1
+	return s[min(max(i, 0), len(s)-1)]
 }
