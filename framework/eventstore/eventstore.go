@@ -165,6 +165,14 @@ SELECT nextval('kumiko_event_position_seq'), g.last_commit_key, $1, $2, $3, g.ve
 FROM g, unnest($5::text[], $6::int[], $7::jsonb[], $8::jsonb[]) WITH ORDINALITY AS e(type, type_version, payload, metadata, ord)
 RETURNING position, version, commit_key, created_at`
 
+	// appendInsertOne is appendInsertTail for one event: scalars instead of
+	// arrays, so neither side builds, sends and unpacks them.
+	appendInsertOne = `
+INSERT INTO events (position, commit_key, tenant_id, stream_type, stream_id, version, type, type_version, payload, metadata)
+SELECT nextval('kumiko_event_position_seq'), g.last_commit_key, $1, $2, $3, g.version, $5::text, $6::int, $7::jsonb, $8::jsonb
+FROM g
+RETURNING position, version, commit_key, created_at`
+
 	guard = `,
 g AS (
   SELECT version, last_commit_key FROM s
@@ -173,31 +181,41 @@ g AS (
 )`
 
 	// appendAny appends at whatever version the stream has.
-	appendAny = `WITH g AS (
+	appendAnyHead = `WITH g AS (
   INSERT INTO streams AS st (tenant_id, stream_type, stream_id, version, last_commit_key)
   VALUES ($1, $2, $3, $4, pg_current_xact_id())
   ON CONFLICT (tenant_id, stream_type, stream_id) DO UPDATE
      SET version = st.version + EXCLUDED.version,
          last_commit_key = GREATEST(pg_current_xact_id(), st.last_commit_key)
   RETURNING st.version, st.last_commit_key
-)` + appendInsertTail
+)`
 
 	// appendExpected is an UPDATE guarded by the version (an ON CONFLICT ...
 	// WHERE never fires when the insert returns nothing).
-	appendExpected = `WITH s AS (
+	appendExpectedHead = `WITH s AS (
   UPDATE streams SET version = version + $4,
          last_commit_key = GREATEST(pg_current_xact_id(), last_commit_key)
   WHERE tenant_id = $1 AND stream_type = $2 AND stream_id = $3 AND version = $9
   RETURNING version, last_commit_key
-)` + guard + appendInsertTail
+)` + guard
 
 	// appendNew creates the stream and conflicts when it exists.
-	appendNew = `WITH s AS (
+	appendNewHead = `WITH s AS (
   INSERT INTO streams (tenant_id, stream_type, stream_id, version, last_commit_key)
   VALUES ($1, $2, $3, $4, pg_current_xact_id())
   ON CONFLICT (tenant_id, stream_type, stream_id) DO NOTHING
   RETURNING version, last_commit_key
-)` + guard + appendInsertTail
+)` + guard
+)
+
+// The statements by expected-version shape, for several events and for one.
+const (
+	appendAny         = appendAnyHead + appendInsertTail
+	appendAnyOne      = appendAnyHead + appendInsertOne
+	appendExpected    = appendExpectedHead + appendInsertTail
+	appendExpectedOne = appendExpectedHead + appendInsertOne
+	appendNew         = appendNewHead + appendInsertTail
+	appendNewOne      = appendNewHead + appendInsertOne
 )
 
 // ErrEmptyAppend is returned when an append carries no events.
@@ -213,6 +231,9 @@ func appendArgs(stream StreamRef, expected int64, events []NewEvent) (string, []
 	}
 	if expected < AnyVersion {
 		return "", nil, fmt.Errorf("eventstore: invalid expected version %d", expected)
+	}
+	if len(events) == 1 {
+		return appendOneArgs(stream, expected, events[0])
 	}
 	types := make([]string, len(events))
 	versions := make([]int32, len(events))
@@ -242,6 +263,31 @@ func appendArgs(stream StreamRef, expected int64, events []NewEvent) (string, []
 		return appendNew, append(args, expected), nil
 	default:
 		return appendExpected, append(args, expected), nil
+	}
+}
+
+// appendOneArgs is appendArgs for a single event.
+func appendOneArgs(stream StreamRef, expected int64, e NewEvent) (string, []any, error) {
+	if e.Type == "" {
+		return "", nil, errors.New("eventstore: event without type")
+	}
+	payload := e.Payload
+	if len(payload) == 0 {
+		payload = json.RawMessage("{}")
+	}
+	m, err := json.Marshal(e.Metadata)
+	if err != nil {
+		return "", nil, fmt.Errorf("eventstore: metadata: %w", err)
+	}
+	// []byte travels to jsonb as the JSON text itself.
+	args := []any{stream.TenantID, stream.Type, stream.ID, int64(1), e.Type, int32(max(e.TypeVersion, 1)), []byte(payload), m, expected}
+	switch expected {
+	case AnyVersion:
+		return appendAnyOne, args[:8], nil
+	case NoStream:
+		return appendNewOne, args, nil
+	default:
+		return appendExpectedOne, args, nil
 	}
 }
 

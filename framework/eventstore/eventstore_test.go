@@ -117,20 +117,30 @@ func TestExpectedVersion(t *testing.T) {
 		{"new stream that exists", stream("a"), eventstore.NoStream, 1},
 		{"version of a missing stream", stream("missing"), 3, 0},
 	} {
-		tx, err := db.Pool.Begin(ctx)
-		require.NoError(t, err)
-		_, err = eventstore.Append(ctx, tx, tc.s, tc.expected, []eventstore.NewEvent{ev("x:event:one", 9)})
-		var ce *eventstore.ConcurrencyError
-		require.ErrorAs(t, err, &ce, tc.name)
-		require.Equal(t, tc.expected, ce.Expected, tc.name)
-		require.Equal(t, tc.actual, ce.Actual, tc.name)
-		require.NoError(t, tx.Rollback(ctx))
+		// One event and several take different statements.
+		for _, events := range [][]eventstore.NewEvent{{ev("x:event:one", 9)}, {ev("x:event:one", 9), ev("x:event:one", 10)}} {
+			tx, err := db.Pool.Begin(ctx)
+			require.NoError(t, err)
+			_, err = eventstore.Append(ctx, tx, tc.s, tc.expected, events)
+			var ce *eventstore.ConcurrencyError
+			require.ErrorAs(t, err, &ce, tc.name)
+			require.Equal(t, tc.expected, ce.Expected, tc.name)
+			require.Equal(t, tc.actual, ce.Actual, tc.name)
+			require.NoError(t, tx.Rollback(ctx))
+		}
 	}
 	got := appendTx(t, db.Pool, stream("a"), 1, ev("x:event:one", 2))
 	require.EqualValues(t, 2, got[0].Version)
+	got = appendTx(t, db.Pool, stream("a"), 2, ev("x:event:one", 3), ev("x:event:one", 4))
+	require.EqualValues(t, []int64{3, 4}, []int64{got[0].Version, got[1].Version})
+	got = appendTx(t, db.Pool, stream("b"), eventstore.NoStream, eventstore.NewEvent{Type: "x:event:one"})
+	require.EqualValues(t, 1, got[0].Version)
 	var n int
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM events`).Scan(&n))
-	require.Equal(t, 2, n)
+	require.Equal(t, 5, n)
+	var payload string
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT payload::text FROM events WHERE stream_id = 'b'`).Scan(&payload))
+	require.Equal(t, "{}", payload, "an empty payload is stored as {}")
 }
 
 // A conflict inside a pipelined batch must abort the transaction so that a
