@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
+	lru "github.com/hashicorp/golang-lru/v2"
 )
 
 // CookieName is the name of the cookie that may carry the token when the
@@ -78,12 +79,33 @@ type claims struct {
 }
 
 // Keyring verifies tokens against several keys (rotation) and signs with the
-// first. It is immutable and safe for concurrent use.
+// first. Its keys are fixed at construction; it is safe for concurrent use.
 type Keyring struct {
 	keys   []Key
 	byID   map[string][]byte
 	parser *jwt.Parser
+	// verified remembers tokens that passed verification, so a client
+	// sending the same token on every request pays for the HMAC and the
+	// JSON decoding once (about 20 µs and 30 allocations a request). Keyed by
+	// the whole token, signature included: a token that differs in any
+	// byte is verified afresh, and failures are never remembered.
+	verified *lru.Cache[string, verifiedToken]
+	// now is the clock; tests replace it.
+	now func() time.Time
 }
+
+// verifiedToken is a remembered verification: the caller, and the instant
+// (exp plus leeway) after which the token is expired. The other time
+// claims (nbf, iat) only become easier to satisfy as time passes.
+type verifiedToken struct {
+	p        Principal
+	notAfter time.Time
+}
+
+// VerifiedCacheSize is how many verified tokens a keyring remembers (the
+// least recently used are forgotten first): at a few hundred bytes a
+// token, about 4 MB.
+const VerifiedCacheSize = 10_000
 
 // NewKeyring returns a keyring over keys, which it copies. The first key signs;
 // all of them verify. It returns an error when keys is empty, when a secret is
@@ -101,7 +123,14 @@ func NewKeyring(keys []Key) (*Keyring, error) {
 			jwt.WithIssuedAt(),
 			jwt.WithLeeway(leeway),
 		),
+		now: time.Now,
 	}
+	jwt.WithTimeFunc(func() time.Time { return k.now() })(k.parser)
+	cache, err := lru.New[string, verifiedToken](VerifiedCacheSize)
+	if err != nil {
+		return nil, fmt.Errorf("auth: new keyring: %w", err)
+	}
+	k.verified = cache
 	for i, key := range keys {
 		if len(key.Secret) == 0 {
 			return nil, fmt.Errorf("auth: new keyring: key %d (id %q): empty secret", i, key.ID)
@@ -168,6 +197,12 @@ func (k *Keyring) Verify(token string) (Principal, error) {
 	if token == "" {
 		return Principal{}, fmt.Errorf("%w: missing token", ErrUnauthorized)
 	}
+	if v, ok := k.verified.Get(token); ok {
+		if k.now().Before(v.notAfter) {
+			return v.p.clone(), nil
+		}
+		k.verified.Remove(token)
+	}
 	var c claims
 	if _, err := k.parser.ParseWithClaims(token, &c, k.key); err != nil {
 		// Not %w: the jwt library's errors are not part of this API.
@@ -185,7 +220,16 @@ func (k *Keyring) Verify(token string) (Principal, error) {
 	if len(c.Roles) > 0 {
 		p.Roles = c.Roles
 	}
+	// WithExpirationRequired: exp is present.
+	k.verified.Add(token, verifiedToken{p: p.clone(), notAfter: c.ExpiresAt.Add(leeway)})
 	return p, nil
+}
+
+// clone returns p with its own copy of the roles, so that a caller changing
+// them cannot change a remembered verification.
+func (p Principal) clone() Principal {
+	p.Roles = slices.Clone(p.Roles)
+	return p
 }
 
 // key is the jwt.Keyfunc: it picks the secret named by the header's kid, or

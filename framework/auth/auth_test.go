@@ -399,3 +399,40 @@ func FuzzVerify(f *testing.F) {
 		require.NotEqual(t, auth.ReservedTenantID, p.TenantID)
 	})
 }
+
+// TestVerifiedTokensRemembered: a token verifies from the keyring's memory
+// only while it is valid, byte for byte, and a caller cannot change what is
+// remembered.
+func TestVerifiedTokensRemembered(t *testing.T) {
+	t.Parallel()
+	kr := newKeyring(t, auth.Key{ID: "k1", Secret: secret1})
+	now := time.Now()
+	auth.SetClock(kr, func() time.Time { return now })
+	c := validClaims()
+	c["exp"] = now.Add(time.Minute).Unix()
+	tok := sign(t, jwt.SigningMethodHS256, secret1, "k1", c)
+
+	p, err := kr.Verify(tok)
+	require.NoError(t, err)
+	require.Equal(t, []string{"admin"}, p.Roles)
+	p.Roles[0] = "changed-by-caller"
+	again, err := kr.Verify(tok)
+	require.NoError(t, err)
+	require.Equal(t, auth.Principal{UserID: "user-1", TenantID: "tenant-1", Roles: []string{"admin"}}, again)
+
+	// The same claims with a forged signature do not match the remembered token.
+	forged := tok[:len(tok)-4] + "AAAA"
+	if forged == tok {
+		forged = tok[:len(tok)-4] + "BBBB"
+	}
+	requireUnauthorized(t, kr, forged)
+
+	// Within the leeway after exp it still verifies; past it, it fails
+	// although it verified before.
+	now = now.Add(time.Minute + 20*time.Second)
+	_, err = kr.Verify(tok)
+	require.NoError(t, err)
+	now = now.Add(15 * time.Second)
+	requireUnauthorized(t, kr, tok)
+	requireUnauthorized(t, kr, tok)
+}
