@@ -174,11 +174,11 @@ func (s *Server) begin(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) (err error) {
 		start := time.Now()
 		req := c.Request()
-		rid := req.Header.Get(HeaderRequestID)
+		rid := headerValue(req.Header, canonicalRequestID)
 		if !saneID(rid) {
 			rid = newID()
 		}
-		corr := req.Header.Get(HeaderCorrelationID)
+		corr := headerValue(req.Header, canonicalCorrelationID)
 		if !saneID(corr) {
 			corr = rid
 		}
@@ -186,8 +186,8 @@ func (s *Server) begin(next echo.HandlerFunc) echo.HandlerFunc {
 		c.Set(keyRequestID, rid)
 		c.Set(keyCorrelationID, corr)
 		h := c.Response().Header()
-		h.Set(HeaderRequestID, rid)
-		h.Set(HeaderCorrelationID, corr)
+		h[canonicalRequestID] = []string{rid}
+		h[canonicalCorrelationID] = []string{corr}
 		defer func() {
 			if v := recover(); v != nil {
 				if v == http.ErrAbortHandler { // net/http's way to abort a response: let it through
@@ -232,6 +232,21 @@ func (p *panicError) Unwrap() error {
 
 // saneID reports whether a client-sent id may be used: 1 to 128 printable
 // ASCII characters (space included).
+// The canonical forms of the id headers: http.Header's Get and Set
+// canonicalize a key like X-Request-ID on every call, at an allocation each.
+var (
+	canonicalRequestID     = http.CanonicalHeaderKey(HeaderRequestID)
+	canonicalCorrelationID = http.CanonicalHeaderKey(HeaderCorrelationID)
+)
+
+// headerValue is h.Get for a key in canonical form.
+func headerValue(h http.Header, canonicalKey string) string {
+	if v := h[canonicalKey]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
 func saneID(id string) bool {
 	if id == "" || len(id) > maxIDLength {
 		return false
