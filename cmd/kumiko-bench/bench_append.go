@@ -68,11 +68,14 @@ func rawTwoStatementTx(ctx context.Context, pool *pgxpool.Pool, tenant, rowSQL s
 }
 
 // rawFrameworkSQL sends, with raw pgx, the statements Runtime.InTx sends
-// for the same work: BEGIN, the tenant scope and the row in one pipeline,
-// the gapless append and COMMIT in a second. Set against the baseline it
-// shows what the log's design costs in the database (the streams head row,
-// row-level security); set against the framework, what the Go side adds.
-func rawFrameworkSQL(ctx context.Context, pool *pgxpool.Pool, tenant string, id int64, eventType string) error {
+// for the same work: BEGIN, the tenant scope and the business row in one
+// pipeline, the gapless append of one event and COMMIT in a second (with
+// the consistency token's WAL read when token is set, as an HTTP write
+// does). Set against the baseline it shows what the log's design costs in
+// the database (the streams head row, row-level security); set against the
+// framework, what the Go side adds.
+func rawFrameworkSQL(ctx context.Context, pool *pgxpool.Pool, tenant, rowSQL string, rowArgs []any,
+	stream eventstore.StreamRef, eventType string, payload any, meta eventstore.Metadata, token bool) error {
 	c, err := pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -81,21 +84,23 @@ func rawFrameworkSQL(ctx context.Context, pool *pgxpool.Pool, tenant string, id 
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	tenancy.QueueScope(b, tenant)
-	b.Queue(benchItemSQL, tenant, id, "note")
+	b.Queue(rowSQL, rowArgs...)
 	if err := c.SendBatch(ctx, b).Close(); err != nil {
 		return err
 	}
-	p, err := json.Marshal(itemAdded{ID: id, Note: "note"})
+	p, err := json.Marshal(payload)
 	if err != nil {
 		return err
 	}
 	b = &pgx.Batch{}
-	stream := eventstore.StreamRef{TenantID: tenant, Type: "item", ID: strconv.FormatInt(id, 10)}
-	if err := eventstore.QueueAppend(b, stream, eventstore.NoStream, []eventstore.NewEvent{{Type: eventType, TypeVersion: 1, Payload: p}},
+	if err := eventstore.QueueAppend(b, stream, eventstore.NoStream, []eventstore.NewEvent{{Type: eventType, TypeVersion: 1, Payload: p, Metadata: meta}},
 		func(_ []eventstore.Appended, err error) error { return err }); err != nil {
 		return err
 	}
 	b.Queue("COMMIT")
+	if token {
+		b.Queue(`SELECT pg_current_wal_insert_lsn()::text`)
+	}
 	return c.SendBatch(ctx, b).Close()
 }
 
@@ -139,7 +144,10 @@ func benchAppend(ctx context.Context, env *Env) ([]Result, error) {
 			"item", strconv.FormatInt(id, 10), added.Name(), itemAdded{ID: id, Note: "note"})
 	}
 	sameSQL := func(ctx context.Context, w int) error {
-		return rawFrameworkSQL(ctx, pool, tenants[w], ids.Add(1), added.Name())
+		id := ids.Add(1)
+		return rawFrameworkSQL(ctx, pool, tenants[w], benchItemSQL, []any{tenants[w], id, "note"},
+			eventstore.StreamRef{TenantID: tenants[w], Type: "item", ID: strconv.FormatInt(id, 10)},
+			added.Name(), itemAdded{ID: id, Note: "note"}, eventstore.Metadata{}, false)
 	}
 	sliceDur, n := 1200*time.Millisecond, 12
 	if env.Quick {

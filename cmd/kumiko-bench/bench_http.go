@@ -17,6 +17,7 @@ import (
 	"github.com/kumiko-go/kumiko/features/orders"
 	"github.com/kumiko-go/kumiko/framework"
 	"github.com/kumiko-go/kumiko/framework/auth"
+	"github.com/kumiko-go/kumiko/framework/eventstore"
 	"github.com/kumiko-go/kumiko/framework/web"
 )
 
@@ -77,12 +78,28 @@ func rawPlace(ctx context.Context, pool *pgxpool.Pool, tenant, eventType string)
 		orders.StreamType, ids, eventType, orders.Placed{OrderID: ids, Customer: "acme", AmountCents: 1250})
 }
 
+// rawFrameworkPlace is rawPlace with the framework's SQL (tenant scope,
+// gapless append, consistency token) and its metadata.
+func rawFrameworkPlace(ctx context.Context, pool *pgxpool.Pool, tenant, user, eventType string) error {
+	id, err := uuid.NewV7()
+	if err != nil {
+		return err
+	}
+	ids, rid := id.String(), uuid.NewString()
+	return rawFrameworkSQL(ctx, pool, tenant, benchOrderSQL, []any{tenant, ids, "acme", int64(1250)},
+		eventstore.StreamRef{TenantID: tenant, Type: orders.StreamType, ID: ids},
+		eventType, orders.Placed{OrderID: ids, Customer: "acme", AmountCents: 1250},
+		eventstore.Metadata{UserID: user, RequestID: rid, CorrelationID: rid}, true)
+}
+
 // benchHTTPWrite: POST /api/write of orders:write:place through the real
 // web server (HTTP keep-alive clients, JWT verification, JSON decoding and
 // validation, the runtime) against raw pgx inserting the same order row and
 // event row per transaction, at 16 concurrent clients. For reference it
 // also serves the raw pgx transaction behind a bare net/http handler (no
-// framework) to the same clients: the share of HTTP itself on this machine.
+// framework) to the same clients: the share of HTTP itself on this machine;
+// and the framework's SQL sent by raw pgx behind that bare handler: the
+// share of the framework's Go code.
 func benchHTTPWrite(ctx context.Context, env *Env) ([]Result, error) {
 	_, pool, drop, err := evDB(ctx, httpWorkers)
 	if err != nil {
@@ -117,6 +134,20 @@ func benchHTTPWrite(ctx context.Context, env *Env) ([]Result, error) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write([]byte(`{"data":{"id":"00000000-0000-0000-0000-000000000000","version":1}}`))
 	})
+	mux.HandleFunc("POST /raw-framework-sql", func(w http.ResponseWriter, r *http.Request) {
+		if _, err := io.Copy(io.Discard, r.Body); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		// The client sends its tenant and user as a query string.
+		q := r.URL.Query()
+		if err := rawFrameworkPlace(r.Context(), pool, q.Get("tenant"), q.Get("user"), ft.Placed.Name()); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"data":{"id":"00000000-0000-0000-0000-000000000000","version":1}}`))
+	})
 	rawURL, stopRaw, err := serveHTTP(ctx, mux)
 	if err != nil {
 		return nil, err
@@ -141,12 +172,17 @@ func benchHTTPWrite(ctx context.Context, env *Env) ([]Result, error) {
 	}
 	base := func(ctx context.Context, w int) error { return rawPlace(ctx, pool, tenants[w], ft.Placed.Name()) }
 	rawHTTP := func(ctx context.Context, w int) error { return postJSON(ctx, client, rawURL+"/raw", "", body) }
+	rawSQLURLs := make([]string, httpWorkers)
+	for w := range rawSQLURLs {
+		rawSQLURLs[w] = rawURL + "/raw-framework-sql?tenant=" + tenants[w] + "&user=bench-" + strconv.Itoa(w)
+	}
+	rawSQLHTTP := func(ctx context.Context, w int) error { return postJSON(ctx, client, rawSQLURLs[w], "", body) }
 
 	sliceDur, n := 1200*time.Millisecond, 12
 	if env.Quick {
 		sliceDur, n = 400*time.Millisecond, 2
 	}
-	ops := []func(context.Context, int) error{fw, base, rawHTTP}
+	ops := []func(context.Context, int) error{fw, base, rawHTTP, rawSQLHTTP}
 	for _, op := range ops {
 		if _, err := evRun(ctx, httpWorkers, sliceDur, op); err != nil {
 			return nil, fmt.Errorf("warm-up: %w", err)
@@ -158,7 +194,8 @@ func benchHTTPWrite(ctx context.Context, env *Env) ([]Result, error) {
 	totals, err := evCompare("http-write, 16 clients", newEvMeter(ctx, pool), n,
 		side("POST /api/write orders:write:place", fw),
 		side("baseline: raw pgx BEGIN; 2 INSERTs; COMMIT", base),
-		side("(the baseline behind a bare net/http handler)", rawHTTP))
+		side("(the baseline behind a bare net/http handler)", rawHTTP),
+		side("(the framework's SQL behind bare net/http)", rawSQLHTTP))
 	if err != nil {
 		return nil, err
 	}
@@ -187,5 +224,14 @@ func benchHTTPWrite(ctx context.Context, env *Env) ([]Result, error) {
 		Target:        "reported",
 		Pass:          true,
 	}
-	return []Result{r, ref}, nil
+	sql := Result{
+		Name:          "(reference) the framework's SQL behind bare net/http, 16 HTTP clients",
+		Value:         totals[3].rate(),
+		Unit:          "req/s",
+		Baseline:      "raw pgx BEGIN; 2 INSERTs; COMMIT",
+		BaselineValue: totals[1].rate(),
+		Target:        "reported",
+		Pass:          true,
+	}
+	return []Result{r, ref, sql}, nil
 }
