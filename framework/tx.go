@@ -252,12 +252,27 @@ func translatePg(err error) *Error {
 // have scoped the transaction to env.TenantID (tenancy.Switch) and must
 // flush it (see [Tx.Flush]) before committing. Used by the dispatcher.
 func NewEventTx(db DB, reg *Registry, env Envelope) *Tx {
-	meta := Metadata{
-		UserID:        env.Metadata.UserID,
-		CorrelationID: cmp.Or(env.Metadata.CorrelationID, strconv.FormatInt(env.Position, 10)),
-		CausationID:   strconv.FormatInt(env.Position, 10),
+	return ReuseEventTx(nil, db, reg, env)
+}
+
+// ReuseEventTx is [NewEventTx] that overwrites t, a Tx of an earlier event
+// whose handler has returned (nil: a new one), so that a pass over many
+// events allocates one Tx. Nothing of the earlier event remains in it.
+func ReuseEventTx(t *Tx, db DB, reg *Registry, env Envelope) *Tx {
+	if t == nil {
+		t = new(Tx)
 	}
-	return newTx(db, reg, env.TenantID, Principal{UserID: env.Metadata.UserID, TenantID: env.TenantID}, meta, false)
+	causation := strconv.FormatInt(env.Position, 10)
+	*t = Tx{
+		db: db, reg: reg, tenant: env.TenantID,
+		principal: Principal{UserID: env.Metadata.UserID, TenantID: env.TenantID},
+		meta: Metadata{
+			UserID:        env.Metadata.UserID,
+			CorrelationID: cmp.Or(env.Metadata.CorrelationID, causation),
+			CausationID:   causation,
+		},
+	}
+	return t
 }
 
 // HasPending reports whether appended events wait to be written.

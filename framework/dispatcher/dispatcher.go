@@ -389,6 +389,9 @@ func (d *Dispatcher) begin(ctx context.Context, conn *pgx.Conn, c *consumerRun, 
 	})
 	b.Queue(batchSQL, c.Name, c.instance, limit).Query(func(rows pgx.Rows) error {
 		for rows.Next() {
+			if recs == nil {
+				recs = make([]eventstore.Record, 0, limit) // not on idle passes
+			}
 			var r eventstore.Record
 			// The payload as *[]byte: pgx copies it, where a
 			// *json.RawMessage would go through json.Unmarshal.
@@ -490,12 +493,13 @@ func (d *Dispatcher) attempt(ctx context.Context, conn *pgx.Conn, c *consumerRun
 	// sends the first statement (see scopedConn).
 	sc := &scopes{conn: conn, applied: tenancy.SystemTenantID, direct: direct}
 	written := 0
+	var tx *framework.Tx
 	for i, env := range apply {
 		want := tenancy.SystemTenantID
 		if !c.System {
 			want = env.TenantID
 		}
-		tx := framework.NewEventTx(sc.db(want), d.reg, env)
+		tx = framework.ReuseEventTx(tx, sc.db(want), d.reg, env)
 		aerr := c.Apply(ctx, tx, env)
 		if aerr == nil && tx.HasPending() {
 			_, aerr = tx.Flush(ctx)

@@ -29,6 +29,8 @@ type passDB struct {
 	s      *scopes
 	tenant string
 	inner  framework.DB
+	// lazy is inner when it is a switch of scope (nil otherwise).
+	lazy *tenancy.Lazy
 }
 
 // Queue defers sql to the pass's next statement or its commit (at once in

@@ -30,6 +30,11 @@ type scopes struct {
 	queue []queuedStmt
 	// queueErr is the failure of a flush of the queue.
 	queueErr error
+	// current is the connection handed out for the applied scope, and
+	// unused the latest switch whose handler sent nothing: the next events
+	// of those tenants get them again, so a pass does not allocate a
+	// connection per event.
+	current, unused *passDB
 }
 
 // db returns the connection for statements in tenant's scope.
@@ -37,10 +42,17 @@ func (s *scopes) db(tenant string) framework.DB {
 	s.want = tenant
 	s.pending = nil
 	if tenant == s.applied {
-		return &passDB{s: s, tenant: tenant, inner: s.conn}
+		if s.current == nil || s.current.tenant != tenant {
+			s.current = &passDB{s: s, tenant: tenant, inner: s.conn}
+		}
+		return s.current
 	}
-	s.pending = tenancy.SwitchLazily(s.conn, tenant)
-	return &passDB{s: s, tenant: tenant, inner: s.pending}
+	if s.unused == nil || s.unused.tenant != tenant {
+		l := tenancy.SwitchLazily(s.conn, tenant)
+		s.unused = &passDB{s: s, tenant: tenant, inner: l, lazy: l}
+	}
+	s.pending = s.unused.lazy
+	return s.unused
 }
 
 // settle records the effect of the latest lazy switch once its handler is
@@ -50,8 +62,10 @@ func (s *scopes) settle() {
 	case l == nil:
 	case l.Err() != nil:
 		s.applied = "" // unknown; the pass fails or switches again
+		s.unused = nil
 	case l.Begun():
 		s.applied = s.want
+		s.unused = nil // a Lazy switches once
 	}
 	s.pending = nil
 }
