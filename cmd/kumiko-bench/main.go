@@ -8,7 +8,8 @@
 //	func init() { register(Bench{Name: "append", Run: benchAppend}) }
 //
 // Flags: -run REGEX selects benchmarks by name; -quick shrinks the sizes for
-// a smoke run; -cpuprofile FILE writes a CPU profile of the run.
+// a smoke run; -cpuprofile FILE writes a CPU profile of the run, and
+// -memprofile FILE a profile of its allocations.
 package main
 
 import (
@@ -74,6 +75,7 @@ func main() {
 	run := flag.String("run", ".", "regular expression selecting benchmarks by name")
 	quick := flag.Bool("quick", false, "small sizes, for a smoke run")
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+	memprofile := flag.String("memprofile", "", "write a profile of the whole run's allocations to this file")
 	flag.Parse()
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
@@ -128,10 +130,30 @@ func main() {
 		fmt.Fprintf(w, "%s\t%.1f %s\t%s\t%s\t%s\t%s\n", r.Name, r.Value, r.Unit, base, ratio, strings.TrimSpace(r.Target), verdict)
 	}
 	_ = w.Flush()
+	if *memprofile != "" {
+		if err := writeAllocs(*memprofile); err != nil {
+			fmt.Fprintln(os.Stderr, "kumiko-bench:", err)
+			failed = true
+		}
+	}
 	if failed {
 		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
+}
+
+// writeAllocs writes the allocation profile of the run so far to path
+// (go tool pprof -sample_index=alloc_space reads it).
+func writeAllocs(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // median returns the median of xs (0 for none).
