@@ -16,6 +16,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/kumiko-go/kumiko/internal/redisauto"
+
 	"github.com/kumiko-go/kumiko/framework"
 	"github.com/kumiko-go/kumiko/framework/dispatcher"
 	kmetrics "github.com/kumiko-go/kumiko/framework/metrics"
@@ -48,7 +50,8 @@ type Config struct {
 
 // Cache is the Redis entity cache. It is safe for concurrent use.
 type Cache struct {
-	rdb       redis.UniversalClient
+	// cmd sends the cache's commands (autopipelined, see redisauto).
+	cmd       redis.Cmdable
 	prefix    string
 	cooldown  time.Duration
 	log       *slog.Logger
@@ -71,7 +74,7 @@ func New(rdb redis.UniversalClient, cfg *Config) (*Cache, error) {
 		cfg = &Config{}
 	}
 	c := &Cache{
-		rdb:      rdb,
+		cmd:      redisauto.Commands(rdb),
 		prefix:   cmp.Or(cfg.Prefix, DefaultPrefix),
 		cooldown: cmp.Or(max(cfg.Cooldown, 0), DefaultCooldown),
 		log:      cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
@@ -115,7 +118,7 @@ func (c *Cache) Lookup(ctx context.Context, tenant, query, key string) ([]byte, 
 		c.m.bypassed.WithLabelValues(query).Inc()
 		return nil, "", errBypassed
 	}
-	vals, err := c.rdb.HMGet(ctx, c.Key(tenant, query, key), "v", "g").Result()
+	vals, err := c.cmd.HMGet(ctx, c.Key(tenant, query, key), "v", "g").Result()
 	if err != nil {
 		c.failed(query, "lookup", err)
 		return nil, "", fmt.Errorf("cache: lookup: %w", err)
@@ -140,7 +143,7 @@ return 1`)
 
 // Fill implements [framework.QueryCacheStore].
 func (c *Cache) Fill(ctx context.Context, tenant, query, key, stamp string, value []byte, ttl time.Duration) error {
-	err := fillScript.Run(ctx, c.rdb, []string{c.Key(tenant, query, key)}, stamp, value, ttlMillis(ttl)).Err()
+	err := fillScript.Run(ctx, c.cmd, []string{c.Key(tenant, query, key)}, stamp, value, ttlMillis(ttl)).Err()
 	if err != nil {
 		c.failed(query, "fill", err)
 		return fmt.Errorf("cache: fill: %w", err)
@@ -162,7 +165,7 @@ return 1`)
 // could live. Unlike lookups it ignores the cooldown: an invalidation is
 // never skipped.
 func (c *Cache) Invalidate(ctx context.Context, tenant, query, key, stamp string, ttl time.Duration) error {
-	if err := invalidateScript.Run(ctx, c.rdb, []string{c.Key(tenant, query, key)}, stamp, ttlMillis(ttl)).Err(); err != nil {
+	if err := invalidateScript.Run(ctx, c.cmd, []string{c.Key(tenant, query, key)}, stamp, ttlMillis(ttl)).Err(); err != nil {
 		return fmt.Errorf("cache: invalidate %s: %w", query, err)
 	}
 	c.m.invalidations.Inc()

@@ -20,6 +20,8 @@ import (
 
 	"github.com/kumiko-go/kumiko/framework/metrics"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/kumiko-go/kumiko/internal/redisauto"
 )
 
 // Defaults of [Config].
@@ -70,7 +72,8 @@ type Config struct {
 
 // Store is the Redis idempotency store. It is safe for concurrent use.
 type Store struct {
-	rdb      redis.UniversalClient
+	// cmd sends the store's commands (autopipelined, see redisauto).
+	cmd      redis.Cmdable
 	prefix   string
 	ttl      time.Duration
 	lease    time.Duration
@@ -95,7 +98,7 @@ func New(rdb redis.UniversalClient, cfg *Config) (*Store, error) {
 		cfg = &Config{}
 	}
 	s := &Store{
-		rdb:    rdb,
+		cmd:    redisauto.Commands(rdb),
 		prefix: cmp.Or(cfg.Prefix, DefaultPrefix),
 		ttl:    cmp.Or(max(cfg.TTL, 0), DefaultTTL),
 		lease:  cmp.Or(max(cfg.Lease, 0), DefaultLease),
@@ -239,7 +242,7 @@ func (s *Store) Begin(ctx context.Context, sc Scope, fp string) (*Claim, *Respon
 	deadline := time.Now().Add(s.wait)
 	pause := 5 * time.Millisecond
 	for {
-		res, err := claimScript.Run(ctx, s.rdb, []string{key}, owner, fp, s.lease.Milliseconds(), s.ttl.Milliseconds()).Slice()
+		res, err := claimScript.Run(ctx, s.cmd, []string{key}, owner, fp, s.lease.Milliseconds(), s.ttl.Milliseconds()).Slice()
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, nil, ctx.Err()
@@ -350,7 +353,7 @@ func (c *Claim) renew() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.s.lease/3)
-	ok, err := renewScript.Run(ctx, c.s.rdb, []string{c.key}, c.owner, c.s.lease.Milliseconds()).Int()
+	ok, err := renewScript.Run(ctx, c.s.cmd, []string{c.key}, c.owner, c.s.lease.Milliseconds()).Int()
 	cancel()
 	switch {
 	case err != nil:
@@ -379,7 +382,7 @@ func (c *Claim) Finish(ctx context.Context, r Response) error {
 	if err != nil {
 		return fmt.Errorf("idempotency: encode header: %w", err)
 	}
-	ok, err := finishScript.Run(ctx, c.s.rdb, []string{c.key}, c.owner, r.Status, hdr, r.Body, c.s.ttl.Milliseconds()).Int()
+	ok, err := finishScript.Run(ctx, c.s.cmd, []string{c.key}, c.owner, r.Status, hdr, r.Body, c.s.ttl.Milliseconds()).Int()
 	if err != nil {
 		return fmt.Errorf("%w: finish: %w", ErrUnavailable, err)
 	}
@@ -443,7 +446,7 @@ func (s *Store) Close(ctx context.Context) error {
 // It returns [ErrNotOwner] when the claim was taken over meanwhile.
 func (c *Claim) Release(ctx context.Context) error {
 	c.stopRenewal()
-	ok, err := releaseScript.Run(ctx, c.s.rdb, []string{c.key}, c.owner).Int()
+	ok, err := releaseScript.Run(ctx, c.s.cmd, []string{c.key}, c.owner).Int()
 	if err != nil {
 		return fmt.Errorf("%w: release: %w", ErrUnavailable, err)
 	}
