@@ -169,23 +169,9 @@ func benchAppend(ctx context.Context, env *Env) ([]Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := Result{
-		Name:          "Runtime.InTx: 1 row + Append(1 event) per tx, 16 goroutines",
-		Value:         totals[0].rate(),
-		Unit:          "tx/s",
-		Baseline:      "raw pgx BEGIN; 2 INSERTs; COMMIT",
-		BaselineValue: totals[1].rate(),
-		Target:        ">= 0.90",
-	}
-	r.Pass = r.Ratio() >= 0.90
-	sql := Result{
-		Name:          "(reference) raw pgx sending the framework's SQL, 16 goroutines",
-		Value:         totals[2].rate(),
-		Unit:          "tx/s",
-		Baseline:      "raw pgx BEGIN; 2 INSERTs; COMMIT",
-		BaselineValue: totals[1].rate(),
-		Target:        "reported",
-		Pass:          true,
-	}
-	return []Result{r, sql}, nil
+	const baseline = "raw pgx BEGIN; 2 INSERTs; COMMIT"
+	return []Result{
+		ratioResult("Runtime.InTx: 1 row + Append(1 event) per tx, 16 goroutines", "tx/s", totals[0].rate(), baseline, totals[1].rate(), 0.90),
+		referenceResult("(reference) raw pgx sending the framework's SQL, 16 goroutines", "tx/s", totals[2].rate(), baseline, totals[1].rate()),
+	}, nil
 }

@@ -206,32 +206,10 @@ func benchHTTPWrite(ctx context.Context, env *Env) ([]Result, error) {
 	if events == 0 {
 		return nil, errors.New("no events written")
 	}
-	r := Result{
-		Name:          "POST /api/write orders:write:place, 16 HTTP clients",
-		Value:         totals[0].rate(),
-		Unit:          "req/s",
-		Baseline:      "raw pgx BEGIN; 2 INSERTs; COMMIT",
-		BaselineValue: totals[1].rate(),
-		Target:        ">= 0.70",
-	}
-	r.Pass = r.Ratio() >= 0.70
-	ref := Result{
-		Name:          "(reference) the baseline behind bare net/http, 16 HTTP clients",
-		Value:         totals[2].rate(),
-		Unit:          "req/s",
-		Baseline:      "raw pgx BEGIN; 2 INSERTs; COMMIT",
-		BaselineValue: totals[1].rate(),
-		Target:        "reported",
-		Pass:          true,
-	}
-	sql := Result{
-		Name:          "(reference) the framework's SQL behind bare net/http, 16 HTTP clients",
-		Value:         totals[3].rate(),
-		Unit:          "req/s",
-		Baseline:      "raw pgx BEGIN; 2 INSERTs; COMMIT",
-		BaselineValue: totals[1].rate(),
-		Target:        "reported",
-		Pass:          true,
-	}
-	return []Result{r, ref, sql}, nil
+	const baseline = "raw pgx BEGIN; 2 INSERTs; COMMIT"
+	return []Result{
+		ratioResult("POST /api/write orders:write:place, 16 HTTP clients", "req/s", totals[0].rate(), baseline, totals[1].rate(), 0.70),
+		referenceResult("(reference) the baseline behind bare net/http, 16 HTTP clients", "req/s", totals[2].rate(), baseline, totals[1].rate()),
+		referenceResult("(reference) the framework's SQL behind bare net/http, 16 HTTP clients", "req/s", totals[3].rate(), baseline, totals[1].rate()),
+	}, nil
 }

@@ -63,6 +63,21 @@ var benches []Bench
 
 func register(b Bench) { benches = append(benches, b) }
 
+// ratioResult is a throughput figure set against its baseline, passing
+// when the ratio reaches minRatio (target ">= minRatio").
+func ratioResult(name, unit string, value float64, baseline string, baselineValue, minRatio float64) Result {
+	r := Result{Name: name, Value: value, Unit: unit, Baseline: baseline, BaselineValue: baselineValue,
+		Target: fmt.Sprintf(">= %.2f", minRatio)}
+	r.Pass = r.Ratio() >= minRatio
+	return r
+}
+
+// referenceResult is a figure reported beside a baseline, with no target.
+func referenceResult(name, unit string, value float64, baseline string, baselineValue float64) Result {
+	return Result{Name: name, Value: value, Unit: unit, Baseline: baseline, BaselineValue: baselineValue,
+		Target: "reported", Pass: true}
+}
+
 // Ratio returns value / baseline.
 func (r Result) Ratio() float64 {
 	if r.BaselineValue == 0 {
