@@ -18,6 +18,7 @@ import (
 	"os/exec"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -227,6 +228,52 @@ func rdRun(ctx context.Context, workers int, d time.Duration, op func(ctx contex
 	return float64(len(lats)) / time.Since(start).Seconds(), lats, nil
 }
 
+// rdSide is one side of an rdCompare.
+type rdSide struct {
+	name string
+	op   func(ctx context.Context, w, i int) error
+}
+
+// rdTotal is what rdCompare measured of one side.
+type rdTotal struct {
+	ops     int
+	elapsed time.Duration
+	lats    []time.Duration
+}
+
+func (t rdTotal) rate() float64 { return float64(t.ops) / t.elapsed.Seconds() }
+
+// rdCompare runs the sides in n slices of d each, in rotating order, so
+// that drift (tables and Redis growing, load from elsewhere) hits every
+// side alike; it reports each side's pooled rate and latencies and prints
+// the median of the per-slice ratios to the second side.
+func rdCompare(ctx context.Context, name string, workers int, d time.Duration, n int, sides ...rdSide) ([]rdTotal, error) {
+	totals := make([]rdTotal, len(sides))
+	ratios := make([]float64, 0, n)
+	for i := range n {
+		rates := make([]float64, len(sides))
+		for k := range sides {
+			j := (i + k) % len(sides)
+			start := time.Now()
+			rate, lats, err := rdRun(ctx, workers, d, sides[j].op)
+			if err != nil {
+				return nil, fmt.Errorf("%s %s: %w", name, sides[j].name, err)
+			}
+			rates[j] = rate
+			totals[j].ops += len(lats)
+			totals[j].elapsed += time.Since(start)
+			totals[j].lats = append(totals[j].lats, lats...)
+		}
+		ratios = append(ratios, rates[0]/rates[1])
+	}
+	fmt.Fprintf(os.Stderr, "   %s, %d slices of %s per side:\n", name, n, d)
+	for j, side := range sides {
+		fmt.Fprintf(os.Stderr, "     %-44s %8.0f/s  p50 %.2f ms\n", side.name, totals[j].rate(), ms(quantile(totals[j].lats, 0.5)))
+	}
+	fmt.Fprintf(os.Stderr, "     median slice ratio %.2f\n", median(ratios))
+	return totals, nil
+}
+
 // rdDB creates a fresh database with a pool of maxConns.
 func rdDB(ctx context.Context, maxConns int32) (*pgxpool.Pool, func(), error) {
 	db, drop, err := kumikotest.CreateDB(ctx, nil)
@@ -250,7 +297,7 @@ func rdDB(ctx context.Context, maxConns int32) (*pgxpool.Pool, func(), error) {
 // benchIdempotency: POST /api/write orders:write:place with a fresh
 // Idempotency-Key per request (claim + finish in Redis) against the same
 // request without a key, both through the real server at 16 clients, in
-// alternating rounds.
+// slices of rotating order.
 func benchIdempotency(ctx context.Context, env *Env) ([]Result, error) {
 	const workers = 16
 	pool, drop, err := rdDB(ctx, workers)
@@ -282,42 +329,33 @@ func benchIdempotency(ctx context.Context, env *Env) ([]Result, error) {
 	defer s.close()
 	body := []byte(`{"type":"orders:write:place","payload":{"customer":"acme","amountCents":1250}}`)
 	run := rdHex(4)
-	keyed := func(ctx context.Context, w, i int) error {
-		_, err := s.post(ctx, w, "/api/write", body, run+"-"+strconv.Itoa(w)+"-"+strconv.Itoa(i))
+	var seq atomic.Int64 // a fresh key for every request
+	keyed := func(ctx context.Context, w, _ int) error {
+		_, err := s.post(ctx, w, "/api/write", body, run+"-"+strconv.FormatInt(seq.Add(1), 10))
 		return err
 	}
 	plain := func(ctx context.Context, w, _ int) error {
 		_, err := s.post(ctx, w, "/api/write", body, "")
 		return err
 	}
-	d, rounds := 4*time.Second, 3
+	d, slices := 1200*time.Millisecond, 10
 	if env.Quick {
-		d, rounds = time.Second, 1
+		d, slices = 400*time.Millisecond, 2
 	}
 	for _, op := range []func(context.Context, int, int) error{plain, keyed} {
-		if _, _, err := rdRun(ctx, workers, d/4, op); err != nil {
+		if _, _, err := rdRun(ctx, workers, d, op); err != nil {
 			return nil, fmt.Errorf("warm-up: %w", err)
 		}
 	}
-	var keyedRates, plainRates, keyedP50, plainP50 []float64
-	for r := range rounds {
-		run = rdHex(4)             // fresh keys every round
-		probe := rdProbe(ctx, rdb) // the cost of one Redis round trip under this load
-		pr, pl, err := rdRun(ctx, workers, d, plain)
-		rtt := probe()
-		if err != nil {
-			return nil, err
-		}
-		kr, kl, err := rdRun(ctx, workers, d, keyed)
-		if err != nil {
-			return nil, err
-		}
-		pp, kp := ms(quantile(pl, 0.5)), ms(quantile(kl, 0.5))
-		fmt.Fprintf(os.Stderr, "   idempotency round %d: keyed %.0f req/s p50 %.2f ms, unkeyed %.0f req/s p50 %.2f ms (a Redis round trip meanwhile: p50 %.2f ms)\n",
-			r+1, kr, kp, pr, pp, ms(rtt))
-		keyedRates, plainRates = append(keyedRates, kr), append(plainRates, pr)
-		keyedP50, plainP50 = append(keyedP50, kp), append(plainP50, pp)
+	probe := rdProbe(ctx, rdb) // the cost of one Redis round trip under this load
+	totals, err := rdCompare(ctx, "idempotency, 16 clients", workers, d, slices,
+		rdSide{name: "POST /api/write with a fresh Idempotency-Key", op: keyed},
+		rdSide{name: "POST /api/write without a key", op: plain})
+	rtt := probe()
+	if err != nil {
+		return nil, err
 	}
+	fmt.Fprintf(os.Stderr, "     a Redis round trip meanwhile: p50 %.2f ms\n", ms(rtt))
 	// Every keyed request ran once: one event per stored key.
 	var stored int64
 	iter := rdb.Scan(ctx, 0, prefix+":*", 1000).Iterator()
@@ -327,12 +365,9 @@ func benchIdempotency(ctx context.Context, env *Env) ([]Result, error) {
 	if stored == 0 {
 		return nil, fmt.Errorf("no idempotency keys stored")
 	}
-	throughput := Result{
-		Name: "POST /api/write orders:write:place with a fresh Idempotency-Key, 16 clients", Value: median(keyedRates), Unit: "req/s",
-		Baseline: "the same without a key", BaselineValue: median(plainRates), Target: ">= 0.85",
-	}
-	throughput.Pass = throughput.Ratio() >= 0.85
-	added := median(keyedP50) - median(plainP50)
+	throughput := ratioResult("POST /api/write orders:write:place with a fresh Idempotency-Key, 16 clients", "req/s",
+		totals[0].rate(), "the same without a key", totals[1].rate(), 0.85)
+	added := ms(quantile(totals[0].lats, 0.5)) - ms(quantile(totals[1].lats, 0.5))
 	latency := Result{
 		Name: "idempotency: p50 added to POST /api/write, 16 clients", Value: added, Unit: "ms",
 		Target: "<= 1 ms", Pass: added <= 1,
@@ -435,37 +470,26 @@ func benchCacheGet(ctx context.Context, env *Env) ([]Result, error) {
 			return err
 		}
 	}
-	d, rounds := 4*time.Second, 3
+	d, slices := 1200*time.Millisecond, 10
 	if env.Quick {
-		d, rounds = time.Second, 1
+		d, slices = 400*time.Millisecond, 2
 	}
 	for _, s := range []*rdServer{plain, cached} {
-		if _, _, err := rdRun(ctx, workers, d/4, get(s)); err != nil {
+		if _, _, err := rdRun(ctx, workers, d, get(s)); err != nil {
 			return nil, fmt.Errorf("warm-up: %w", err)
 		}
 	}
 	before := c.Stats()
-	var cachedRates, plainRates []float64
-	for r := range rounds {
-		pr, _, err := rdRun(ctx, workers, d, get(plain))
-		if err != nil {
-			return nil, err
-		}
-		cr, _, err := rdRun(ctx, workers, d, get(cached))
-		if err != nil {
-			return nil, err
-		}
-		fmt.Fprintf(os.Stderr, "   cache-get round %d: cached %.0f req/s, uncached %.0f req/s (%.2f)\n", r+1, cr, pr, cr/pr)
-		cachedRates, plainRates = append(cachedRates, cr), append(plainRates, pr)
+	totals, err := rdCompare(ctx, "cache-get, 32 clients", workers, d, slices,
+		rdSide{name: "orders:query:get from the entity cache", op: get(cached)},
+		rdSide{name: "orders:query:get from the database", op: get(plain)})
+	if err != nil {
+		return nil, err
 	}
 	after := c.Stats()
 	if hits := after.Hits - before.Hits; hits == 0 || after.Misses != before.Misses || after.RedisErrors > 0 {
 		return nil, fmt.Errorf("cached runs were not all hits: %+v -> %+v", before, after)
 	}
-	res := Result{
-		Name: "POST /api/query orders:query:get from the entity cache, 32 clients", Value: median(cachedRates), Unit: "req/s",
-		Baseline: "the same query from the database", BaselineValue: median(plainRates), Target: ">= 2",
-	}
-	res.Pass = res.Ratio() >= 2
-	return []Result{res}, nil
+	return []Result{ratioResult("POST /api/query orders:query:get from the entity cache, 32 clients", "req/s",
+		totals[0].rate(), "the same query from the database", totals[1].rate(), 2)}, nil
 }
