@@ -82,10 +82,25 @@ type Store struct {
 	replays  prometheus.Counter
 	reclaims prometheus.Counter
 
+	// batching: the client is one node (or a failover client), so one
+	// script may touch the keys of several finishes.
+	batching bool
+
+	// finishes sends the responses of FinishAsync to Redis in batches.
+	finishes batcher[queuedFinish]
+
 	// mu guards closed; finishing counts FinishAsync calls in flight.
 	mu        sync.Mutex
 	closed    bool
 	finishing sync.WaitGroup
+}
+
+// queuedFinish is a response FinishAsync has yet to store.
+type queuedFinish struct {
+	c      *Claim
+	r      Response
+	header []byte
+	done   func(error)
 }
 
 // New returns a store on rdb. It fails when rdb is nil or the metrics
@@ -98,17 +113,20 @@ func New(rdb redis.UniversalClient, cfg *Config) (*Store, error) {
 		cfg = &Config{}
 	}
 	s := &Store{
-		cmd:    redisauto.Commands(rdb),
-		prefix: cmp.Or(cfg.Prefix, DefaultPrefix),
-		ttl:    cmp.Or(max(cfg.TTL, 0), DefaultTTL),
-		lease:  cmp.Or(max(cfg.Lease, 0), DefaultLease),
-		wait:   cmp.Or(max(cfg.WaitTimeout, 0), DefaultWaitTimeout),
-		log:    cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
+		cmd: redisauto.Commands(rdb),
+		// A cluster or ring spreads keys over nodes: one key per script.
+		batching: isSingleNode(rdb),
+		prefix:   cmp.Or(cfg.Prefix, DefaultPrefix),
+		ttl:      cmp.Or(max(cfg.TTL, 0), DefaultTTL),
+		lease:    cmp.Or(max(cfg.Lease, 0), DefaultLease),
+		wait:     cmp.Or(max(cfg.WaitTimeout, 0), DefaultWaitTimeout),
+		log:      cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
 		replays: prometheus.NewCounter(prometheus.CounterOpts{Name: "kumiko_idempotency_replays_total",
 			Help: "Keyed requests answered with the stored response of an earlier request."}),
 		reclaims: prometheus.NewCounter(prometheus.CounterOpts{Name: "kumiko_idempotency_reclaims_total",
 			Help: "Keys claimed again after their owner's lease ran out (a crashed owner)."}),
 	}
+	s.finishes = batcher[queuedFinish]{take: batchTake(func(f queuedFinish) int { return len(f.r.Body) + len(f.header) }), run: s.storeFinishesBounded}
 	if cfg.Metrics != nil {
 		var err error
 		if s.replays, err = metrics.Register(cfg.Metrics, s.replays); err != nil {
@@ -211,14 +229,24 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', KEYS[1], 'lease', now + tonumber(ARGV[2]))
 return 1`)
 
-// finishScript: KEYS[1] record; ARGV owner, status, header, body, ttl ms.
+// finishScript stores the responses of several records: KEYS the records;
+// ARGV ttl ms, then owner, status, header and body for each record. It
+// answers 1 (stored) or 0 (not the owner) for each record.
 var finishScript = redis.NewScript(`
-local r = redis.call('HMGET', KEYS[1], 'state', 'owner')
-if r[1] ~= 'pending' or r[2] ~= ARGV[1] then return 0 end
-redis.call('HSET', KEYS[1], 'state', 'done', 'status', ARGV[2], 'header', ARGV[3], 'body', ARGV[4])
-redis.call('HDEL', KEYS[1], 'lease')
-redis.call('PEXPIRE', KEYS[1], ARGV[5])
-return 1`)
+local out = {}
+for i, key in ipairs(KEYS) do
+  local a = 2 + (i - 1) * 4
+  local r = redis.call('HMGET', key, 'state', 'owner')
+  if r[1] ~= 'pending' or r[2] ~= ARGV[a] then
+    out[i] = 0
+  else
+    redis.call('HSET', key, 'state', 'done', 'status', ARGV[a + 1], 'header', ARGV[a + 2], 'body', ARGV[a + 3])
+    redis.call('HDEL', key, 'lease')
+    redis.call('PEXPIRE', key, ARGV[1])
+    out[i] = 1
+  end
+end
+return out`)
 
 // releaseScript: KEYS[1] record; ARGV owner.
 var releaseScript = redis.NewScript(`
@@ -373,6 +401,12 @@ func (c *Claim) stopRenewal() {
 	c.timer.Stop()
 }
 
+// isSingleNode reports whether every key lives on rdb's one server.
+func isSingleNode(rdb redis.UniversalClient) bool {
+	_, ok := rdb.(*redis.Client)
+	return ok
+}
+
 // Finish stores r as the key's outcome, unless the claim was taken over or
 // finished ([ErrNotOwner]). A Redis failure is wrapped in [ErrUnavailable];
 // the key then stays pending until its lease runs out.
@@ -382,7 +416,18 @@ func (c *Claim) Finish(ctx context.Context, r Response) error {
 	if err != nil {
 		return fmt.Errorf("idempotency: encode header: %w", err)
 	}
-	ok, err := finishScript.Run(ctx, c.s.cmd, []string{c.key}, c.owner, r.Status, hdr, r.Body, c.s.ttl.Milliseconds()).Int()
+	return c.s.finishOne(ctx, c, r, hdr)
+}
+
+// finishOne stores one response.
+func (s *Store) finishOne(ctx context.Context, c *Claim, r Response, hdr []byte) error {
+	var out error
+	s.storeFinishes(ctx, []queuedFinish{{c: c, r: r, header: hdr, done: func(err error) { out = err }}})
+	return out
+}
+
+// finishOutcome turns a finish script's answer into Finish's error.
+func finishOutcome(ok int, err error) error {
 	if err != nil {
 		return fmt.Errorf("%w: finish: %w", ErrUnavailable, err)
 	}
@@ -392,36 +437,93 @@ func (c *Claim) Finish(ctx context.Context, r Response) error {
 	return nil
 }
 
-// finishTimeout bounds one background [Claim.FinishAsync].
-const finishTimeout = 10 * time.Second
+// batchTimeout bounds the script call of a batch (and of a finish after
+// Close).
+const batchTimeout = 10 * time.Second
 
-// FinishAsync is [Claim.Finish] in a goroutine the store owns, so that the
-// caller can answer its client at once; done (when not nil) gets Finish's
-// error. [Store.Close] waits for it. A retry that arrives before the
-// response is stored waits for it like any duplicate. After Close it runs
-// synchronously.
+// maxBatch and maxBatchBytes cap the responses stored by one script call
+// (the bytes are a soft cap: a batch holds at least one).
+const (
+	maxBatch      = 64
+	maxBatchBytes = 256 << 10
+)
+
+// FinishAsync is [Claim.Finish] done by the store in the background, so
+// that the caller can answer its client at once; done (when not nil) gets
+// Finish's error. Responses queued while a store is under way are stored
+// together, in one script call. [Store.Close] waits for them. A retry that
+// arrives before the response is stored waits for it like any duplicate.
+// After Close it runs synchronously.
 func (c *Claim) FinishAsync(r Response, done func(error)) {
-	run := func() {
-		ctx, cancel := context.WithTimeout(context.Background(), finishTimeout)
-		defer cancel()
-		err := c.Finish(ctx, r)
-		if done != nil {
-			done(err)
-		}
+	if done == nil {
+		done = func(error) {}
+	}
+	c.stopRenewal()
+	hdr, err := json.Marshal(r.Header)
+	if err != nil {
+		done(fmt.Errorf("idempotency: encode header: %w", err))
+		return
 	}
 	s := c.s
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		run()
+		ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
+		defer cancel()
+		done(s.finishOne(ctx, c, r, hdr))
 		return
 	}
 	s.finishing.Add(1)
 	s.mu.Unlock()
-	go func() {
-		defer s.finishing.Done()
-		run()
-	}()
+	f := queuedFinish{c: c, r: r, header: hdr, done: func(err error) { done(err); s.finishing.Done() }}
+	if !s.batching {
+		go s.storeFinishesBounded([]queuedFinish{f})
+		return
+	}
+	s.finishes.add(f)
+}
+
+// storeFinishesBounded is storeFinishes within batchTimeout.
+func (s *Store) storeFinishesBounded(batch []queuedFinish) {
+	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
+	defer cancel()
+	s.storeFinishes(ctx, batch)
+}
+
+// storeFinishes stores batch in one script call and reports each outcome
+// to its done.
+func (s *Store) storeFinishes(ctx context.Context, batch []queuedFinish) {
+	keys := make([]string, len(batch))
+	args := make([]any, 0, 1+4*len(batch))
+	args = append(args, s.ttl.Milliseconds())
+	for i, f := range batch {
+		keys[i] = f.c.key
+		args = append(args, f.c.owner, f.r.Status, f.header, f.r.Body)
+	}
+	oks, err := finishScript.Run(ctx, s.cmd, keys, args...).Int64Slice()
+	if err == nil && len(oks) != len(batch) {
+		err = fmt.Errorf("finish script answered %d of %d", len(oks), len(batch))
+	}
+	for i, f := range batch {
+		ok := 0
+		if err == nil {
+			ok = int(oks[i])
+		}
+		f.done(finishOutcome(ok, err))
+	}
+}
+
+// batchTake returns the take function of a batcher: at most maxBatch
+// items, and items of at most about maxBatchBytes (by size).
+func batchTake[T any](size func(T) int) func([]T) int {
+	return func(queue []T) int {
+		n, bytes := 0, 0
+		for n < len(queue) && n < maxBatch && (n == 0 || bytes < maxBatchBytes) {
+			bytes += size(queue[n])
+			n++
+		}
+		return n
+	}
 }
 
 // Close waits for the responses [Claim.FinishAsync] is still storing, at

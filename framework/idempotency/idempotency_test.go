@@ -439,3 +439,45 @@ func TestFinishAsyncAndClose(t *testing.T) {
 	require.Len(t, errs, 1)
 	require.NoError(t, <-errs)
 }
+
+// TestBatchedFinishes: responses queued together are stored by one script
+// call, each under its own key, and a stale owner among them is refused
+// without harming the others.
+func TestBatchedFinishes(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t, sharedRedis(t), idempotency.Config{Lease: 200 * time.Millisecond})
+	ctx := t.Context()
+	release := idempotency.HoldFinishes(s)
+
+	stale, _, err := s.Begin(ctx, scope("batch-stale"), "fp")
+	require.NoError(t, err)
+	stale.Abandon()
+	newer, _, err := s.Begin(ctx, scope("batch-stale"), "fp") // waits out the lease, then takes over
+	require.NoError(t, err)
+
+	const n = 70 // more than one batch
+	errs := make([]chan error, n)
+	for i := range n {
+		claim, _, err := s.Begin(ctx, scope("batch-"+strconv.Itoa(i)), "fp")
+		require.NoError(t, err)
+		errs[i] = make(chan error, 1)
+		claim.FinishAsync(response("r"+strconv.Itoa(i)), func(err error) { errs[i] <- err })
+	}
+	staleErr := make(chan error, 1)
+	stale.FinishAsync(response("stale"), func(err error) { staleErr <- err })
+	release()
+	require.NoError(t, s.Close(ctx))
+
+	require.ErrorIs(t, <-staleErr, idempotency.ErrNotOwner)
+	for i := range n {
+		require.NoError(t, <-errs[i], "finish %d", i)
+		_, replay, err := s.Begin(ctx, scope("batch-"+strconv.Itoa(i)), "fp")
+		require.NoError(t, err)
+		require.Equal(t, "r"+strconv.Itoa(i), string(replay.Body))
+		require.Equal(t, "application/json", replay.Header.Get("Content-Type"))
+	}
+	require.NoError(t, newer.Finish(ctx, response("newer")))
+	_, replay, err := s.Begin(ctx, scope("batch-stale"), "fp")
+	require.NoError(t, err)
+	require.Equal(t, "newer", string(replay.Body), "the stale owner's queued response did not land")
+}
