@@ -47,6 +47,10 @@ type DB = eventstore.DB
 // before inline projections and postSave hooks run, or pipelined with the
 // COMMIT. Call [Tx.Flush] to write them earlier (for example to read them
 // back).
+//
+// A Tx is valid only until the handler it was passed to returns: the
+// transaction ends then, and a dispatcher pass reuses the Tx for its next
+// event. Do not keep it, or hand it to a goroutine that outlives the call.
 type Tx struct {
 	db        DB
 	reg       *Registry
