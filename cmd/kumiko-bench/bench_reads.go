@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -239,25 +240,87 @@ type rdTotal struct {
 	ops     int
 	elapsed time.Duration
 	lats    []time.Duration
+	// cpu is the CPU time the side cost (rdMeter), zero without a meter.
+	cpu rdCPU
 }
 
 func (t rdTotal) rate() float64 { return float64(t.ops) / t.elapsed.Seconds() }
 
+// rdCPU is CPU time spent by this process (the server and its HTTP
+// clients), the database's backends and Redis.
+type rdCPU struct{ goCPU, pgCPU, redisCPU time.Duration }
+
+func (c rdCPU) sub(o rdCPU) rdCPU {
+	return rdCPU{c.goCPU - o.goCPU, c.pgCPU - o.pgCPU, c.redisCPU - o.redisCPU}
+}
+
+func (c rdCPU) add(o rdCPU) rdCPU {
+	return rdCPU{c.goCPU + o.goCPU, c.pgCPU + o.pgCPU, c.redisCPU + o.redisCPU}
+}
+
+// perOp renders c spread over ops operations.
+func (c rdCPU) perOp(ops int) string {
+	per := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(max(ops, 1)) }
+	return fmt.Sprintf("go %.0f µs + pg %.0f µs + redis %.0f µs", per(c.goCPU), per(c.pgCPU), per(c.redisCPU))
+}
+
+// rdMeter reads the CPU time of this process, of a database's backends and
+// of a Redis server: on a machine where all of them share the cores, it
+// shows which of them a side's extra work lands on.
+type rdMeter struct {
+	pg  *evMeter
+	rdb *redis.Client
+}
+
+func newRDMeter(ctx context.Context, pool *pgxpool.Pool, rdb *redis.Client) *rdMeter {
+	return &rdMeter{pg: newEvMeter(ctx, pool), rdb: rdb}
+}
+
+func (m *rdMeter) read(ctx context.Context) rdCPU {
+	return rdCPU{goCPU: processCPU(), pgCPU: m.pg.pgCPU(), redisCPU: rdRedisCPU(ctx, m.rdb)}
+}
+
+// rdRedisCPU is the server's used_cpu_sys + used_cpu_user (0 when INFO
+// fails).
+func rdRedisCPU(ctx context.Context, rdb *redis.Client) time.Duration {
+	info, err := rdb.Info(ctx, "cpu").Result()
+	if err != nil {
+		return 0
+	}
+	var total float64
+	for line := range strings.SplitSeq(info, "\r\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if ok && (k == "used_cpu_sys" || k == "used_cpu_user") {
+			f, _ := strconv.ParseFloat(v, 64)
+			total += f
+		}
+	}
+	return time.Duration(total * float64(time.Second))
+}
+
 // rdCompare runs the sides in n slices of d each, in rotating order, so
 // that drift (tables and Redis growing, load from elsewhere) hits every
-// side alike; it reports each side's pooled rate and latencies and prints
-// the median of the per-slice ratios to the second side.
-func rdCompare(ctx context.Context, name string, workers int, d time.Duration, n int, sides ...rdSide) ([]rdTotal, error) {
+// side alike; it reports each side's pooled rate and latencies (and CPU
+// time per operation when meter is not nil) and prints the median of the
+// per-slice ratios to the second side.
+func rdCompare(ctx context.Context, name string, workers int, d time.Duration, n int, meter *rdMeter, sides ...rdSide) ([]rdTotal, error) {
 	totals := make([]rdTotal, len(sides))
 	ratios := make([]float64, 0, n)
 	for i := range n {
 		rates := make([]float64, len(sides))
 		for k := range sides {
 			j := (i + k) % len(sides)
+			var cpu0 rdCPU
+			if meter != nil {
+				cpu0 = meter.read(ctx)
+			}
 			start := time.Now()
 			rate, lats, err := rdRun(ctx, workers, d, sides[j].op)
 			if err != nil {
 				return nil, fmt.Errorf("%s %s: %w", name, sides[j].name, err)
+			}
+			if meter != nil {
+				totals[j].cpu = totals[j].cpu.add(meter.read(ctx).sub(cpu0))
 			}
 			rates[j] = rate
 			totals[j].ops += len(lats)
@@ -269,6 +332,9 @@ func rdCompare(ctx context.Context, name string, workers int, d time.Duration, n
 	fmt.Fprintf(os.Stderr, "   %s, %d slices of %s per side:\n", name, n, d)
 	for j, side := range sides {
 		fmt.Fprintf(os.Stderr, "     %-44s %8.0f/s  p50 %.2f ms\n", side.name, totals[j].rate(), ms(quantile(totals[j].lats, 0.5)))
+		if meter != nil {
+			fmt.Fprintf(os.Stderr, "       CPU per request: %s\n", totals[j].cpu.perOp(totals[j].ops))
+		}
 	}
 	fmt.Fprintf(os.Stderr, "     median slice ratio %.2f\n", median(ratios))
 	return totals, nil
@@ -348,7 +414,7 @@ func benchIdempotency(ctx context.Context, env *Env) ([]Result, error) {
 		}
 	}
 	probe := rdProbe(ctx, rdb) // the cost of one Redis round trip under this load
-	totals, err := rdCompare(ctx, "idempotency, 16 clients", workers, d, slices,
+	totals, err := rdCompare(ctx, "idempotency, 16 clients", workers, d, slices, newRDMeter(ctx, pool, rdb),
 		rdSide{name: "POST /api/write with a fresh Idempotency-Key", op: keyed},
 		rdSide{name: "POST /api/write without a key", op: plain})
 	rtt := probe()
@@ -480,7 +546,7 @@ func benchCacheGet(ctx context.Context, env *Env) ([]Result, error) {
 		}
 	}
 	before := c.Stats()
-	totals, err := rdCompare(ctx, "cache-get, 32 clients", workers, d, slices,
+	totals, err := rdCompare(ctx, "cache-get, 32 clients", workers, d, slices, newRDMeter(ctx, pool, rdb),
 		rdSide{name: "orders:query:get from the entity cache", op: get(cached)},
 		rdSide{name: "orders:query:get from the database", op: get(plain)})
 	if err != nil {
