@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
 
 	"github.com/kumiko-go/kumiko/config"
@@ -66,6 +67,7 @@ func serveCmd(register func(*framework.Registry), routes func(*web.Server)) *cob
 				return fmt.Errorf("configuration:\n%w", err)
 			}
 			log := logger(cmd.ErrOrStderr(), cfg.LogLevel)
+			redis.SetLogger(redisLogger{log: log})
 			app, err := entrypoint.New(cmd.Context(), entrypoint.Options{Config: cfg, Register: register, Logger: log, Routes: routes})
 			if err != nil {
 				return err
