@@ -148,8 +148,7 @@ func ToError(err error) *Error {
 	}
 	var ce *ConcurrencyError
 	if errors.As(err, &ce) {
-		return &Error{Code: CodeVersionConflict, Message: fmt.Sprintf("stream %s is at version %d, expected %d", ce.Stream, ce.Actual, ce.Expected),
-			Details: map[string]any{"stream": ce.Stream.String(), "expectedVersion": ce.Expected, "actualVersion": ce.Actual}, Err: err}
+		return versionConflict(ce, err)
 	}
 	var fe *Error
 	if errors.As(err, &fe) {
@@ -159,6 +158,23 @@ func ToError(err error) *Error {
 		return pe
 	}
 	return &Error{Code: CodeInternal, Message: "internal error", Err: err}
+}
+
+// versionConflict is ToError for a *ConcurrencyError. actualVersion is
+// left out when the version is unknown (a new stream that exists).
+func versionConflict(ce *ConcurrencyError, err error) *Error {
+	details := map[string]any{"stream": ce.Stream.String(), "expectedVersion": ce.Expected}
+	msg := fmt.Sprintf("stream %s is at version %d, expected %d", ce.Stream, ce.Actual, ce.Expected)
+	switch {
+	case ce.Expected == NoStream:
+		msg = fmt.Sprintf("stream %s exists, expected a new stream", ce.Stream)
+	case ce.Actual < 0:
+		msg = fmt.Sprintf("stream %s is not at the expected version %d", ce.Stream, ce.Expected)
+	}
+	if ce.Actual >= 0 {
+		details["actualVersion"] = ce.Actual
+	}
+	return &Error{Code: CodeVersionConflict, Message: msg, Details: details, Err: err}
 }
 
 // toBatchError is ToError for a *BatchError: the command's envelope with

@@ -465,6 +465,42 @@ func TestStaleExpectedVersionConflicts(t *testing.T) {
 	require.Equal(t, int64(3), b.count(t, `SELECT version FROM streams WHERE stream_id = $1`, id))
 }
 
+// A NoStream append to a stream that exists is a version_conflict that
+// rolls back the whole write, the business row included; another tenant's
+// stream of the same id is no conflict.
+func TestNewStreamThatExistsConflicts(t *testing.T) {
+	t.Parallel()
+	b := newRTBundle(t, func(r *framework.Registry, o *orders.Feature) {
+		framework.Write(r.Feature("tx-test"), "place-as", func(ctx context.Context, tx *framework.Tx, in struct {
+			ID string `json:"id"`
+		}) (string, error) {
+			if _, err := tx.Exec(ctx, insertOrderSQL, tx.TenantID(), uuid.NewString(), "ada", 1); err != nil {
+				return "", err
+			}
+			return in.ID, tx.Append(orderStream(in.ID), framework.NoStream, o.Placed.With(orders.Placed{OrderID: in.ID, Customer: "ada"}))
+		}, nil)
+	})
+	id := uuid.NewString()
+	in := map[string]string{"id": id}
+	_, err := b.write(t, callAs("t1", "alice"), "tx-test:write:place-as", in)
+	require.NoError(t, err)
+
+	_, err = b.write(t, callAs("t1", "alice"), "tx-test:write:place-as", in)
+	var ce *framework.ConcurrencyError
+	require.ErrorAs(t, err, &ce)
+	require.Equal(t, framework.NoStream, ce.Expected)
+	e := framework.ToError(err)
+	require.Equal(t, framework.CodeVersionConflict, e.Code)
+	require.Equal(t, "stream order/"+id+" exists, expected a new stream", e.Message)
+	require.Equal(t, map[string]any{"stream": "order/" + id, "expectedVersion": framework.NoStream}, e.Details)
+	require.Equal(t, int64(1), b.count(t, `SELECT count(*) FROM orders`), "the second order row was rolled back")
+	require.Equal(t, int64(1), b.count(t, `SELECT count(*) FROM events`))
+
+	_, err = b.write(t, callAs("t2", "bob"), "tx-test:write:place-as", in)
+	require.NoError(t, err, "stream ids are per tenant")
+	require.Equal(t, int64(2), b.count(t, `SELECT count(*) FROM streams WHERE stream_id = $1`, id))
+}
+
 // Two writers race for one stream: A holds the stream with
 // FetchForWriting; B, carrying the version A started from, waits on the
 // lock and then fails with a conflict instead of writing version 3 twice.

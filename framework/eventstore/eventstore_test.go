@@ -114,7 +114,7 @@ func TestExpectedVersion(t *testing.T) {
 		actual   int64
 	}{
 		{"stale version", stream("a"), 5, 1},
-		{"new stream that exists", stream("a"), eventstore.NoStream, 1},
+		{"new stream that exists", stream("a"), eventstore.NoStream, -1}, // the aborted transaction cannot read it
 		{"version of a missing stream", stream("missing"), 3, 0},
 	} {
 		// One event and several take different statements.
@@ -153,28 +153,40 @@ func TestQueuedConflictAbortsPipelinedCommit(t *testing.T) {
 	_, err := db.Pool.Exec(ctx, `CREATE TABLE side (n int)`)
 	require.NoError(t, err)
 
-	conn, err := db.Pool.Acquire(ctx)
-	require.NoError(t, err)
-	defer conn.Release()
-	b := &pgx.Batch{}
-	b.Queue(`BEGIN`)
-	b.Queue(`INSERT INTO side VALUES (1)`)
-	var appendErr error
-	require.NoError(t, eventstore.QueueAppend(b, stream("a"), 7, []eventstore.NewEvent{ev("x:event:one", 2)}, func(_ []eventstore.Appended, err error) error {
-		appendErr = err
-		return err
-	}))
-	b.Queue(`COMMIT`)
-	err = conn.SendBatch(ctx, b).Close()
-	require.Error(t, err)
-	var ce *eventstore.ConcurrencyError
-	require.ErrorAs(t, appendErr, &ce)
-	require.EqualValues(t, 1, ce.Actual)
-	_, err = conn.Exec(ctx, `ROLLBACK`)
-	require.NoError(t, err)
-	var n int
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM side`).Scan(&n))
-	require.Zero(t, n, "the business write must not commit")
+	// A stale expected version, and a new stream that exists; one event
+	// and several take different statements.
+	for _, tc := range []struct {
+		expected, actual int64
+		events           []eventstore.NewEvent
+	}{
+		{7, 1, []eventstore.NewEvent{ev("x:event:one", 2)}},
+		{7, 1, []eventstore.NewEvent{ev("x:event:one", 2), ev("x:event:one", 3)}},
+		{eventstore.NoStream, -1, []eventstore.NewEvent{ev("x:event:one", 2)}},
+		{eventstore.NoStream, -1, []eventstore.NewEvent{ev("x:event:one", 2), ev("x:event:one", 3)}},
+	} {
+		conn, err := db.Pool.Acquire(ctx)
+		require.NoError(t, err)
+		b := &pgx.Batch{}
+		b.Queue(`BEGIN`)
+		b.Queue(`INSERT INTO side VALUES (1)`)
+		var appendErr error
+		require.NoError(t, eventstore.QueueAppend(b, stream("a"), tc.expected, tc.events, func(_ []eventstore.Appended, err error) error {
+			appendErr = err
+			return err
+		}))
+		b.Queue(`COMMIT`)
+		err = conn.SendBatch(ctx, b).Close()
+		require.Error(t, err)
+		var ce *eventstore.ConcurrencyError
+		require.ErrorAs(t, appendErr, &ce, "expected %d", tc.expected)
+		require.Equal(t, tc.actual, ce.Actual)
+		_, err = conn.Exec(ctx, `ROLLBACK`)
+		require.NoError(t, err)
+		conn.Release()
+		var n int
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM side`).Scan(&n))
+		require.Zero(t, n, "the business write must not commit (expected %d)", tc.expected)
+	}
 }
 
 // Transaction A takes its xid early (a business write) and appends late;
