@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -41,27 +41,15 @@ func serveHTTP(ctx context.Context, h http.Handler) (url string, stop func(), er
 	return "http://" + ln.Addr().String(), func() { _ = srv.Close() }, nil
 }
 
-// postJSON sends body with a keep-alive client and checks for 200.
-func postJSON(ctx context.Context, client *http.Client, url, token string, body []byte) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+// postOK posts body to path as worker w of lc and fails on anything but
+// 200.
+func postOK(ctx context.Context, lc *loadClient, w int, path string, body []byte, headers ...header) error {
+	status, resp, err := lc.post(ctx, w, path, body, headers...)
 	if err != nil {
 		return err
 	}
-	req.Header.Set("Content-Type", "application/json")
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("POST %s: %d %s", url, resp.StatusCode, b)
+	if status != http.StatusOK {
+		return fmt.Errorf("POST %s: %d %s", path, status, resp)
 	}
 	return nil
 }
@@ -153,10 +141,10 @@ func benchHTTPWrite(ctx context.Context, env *Env) ([]Result, error) {
 		return nil, err
 	}
 	defer stopRaw()
-	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
-		MaxIdleConns: 4 * httpWorkers, MaxIdleConnsPerHost: 2 * httpWorkers, IdleConnTimeout: time.Minute,
-	}}
-	defer client.CloseIdleConnections()
+	fwClient := newLoadClient(strings.TrimPrefix(fwURL, "http://"), httpWorkers)
+	defer fwClient.close()
+	rawClient := newLoadClient(strings.TrimPrefix(rawURL, "http://"), httpWorkers)
+	defer rawClient.close()
 
 	tokens := make([]string, httpWorkers)
 	tenants := make([]string, httpWorkers)
@@ -167,16 +155,20 @@ func benchHTTPWrite(ctx context.Context, env *Env) ([]Result, error) {
 		}
 	}
 	body := []byte(`{"type":"orders:write:place","payload":{"customer":"acme","amountCents":1250}}`)
+	auths := make([]header, httpWorkers)
+	for w, tok := range tokens {
+		auths[w] = header{"Authorization", "Bearer " + tok}
+	}
 	fw := func(ctx context.Context, w int) error {
-		return postJSON(ctx, client, fwURL+"/api/write", tokens[w], body)
+		return postOK(ctx, fwClient, w, "/api/write", body, auths[w])
 	}
 	base := func(ctx context.Context, w int) error { return rawPlace(ctx, pool, tenants[w], ft.Placed.Name()) }
-	rawHTTP := func(ctx context.Context, w int) error { return postJSON(ctx, client, rawURL+"/raw", "", body) }
-	rawSQLURLs := make([]string, httpWorkers)
-	for w := range rawSQLURLs {
-		rawSQLURLs[w] = rawURL + "/raw-framework-sql?tenant=" + tenants[w] + "&user=bench-" + strconv.Itoa(w)
+	rawHTTP := func(ctx context.Context, w int) error { return postOK(ctx, rawClient, w, "/raw", body) }
+	rawSQLPaths := make([]string, httpWorkers)
+	for w := range rawSQLPaths {
+		rawSQLPaths[w] = "/raw-framework-sql?tenant=" + tenants[w] + "&user=bench-" + strconv.Itoa(w)
 	}
-	rawSQLHTTP := func(ctx context.Context, w int) error { return postJSON(ctx, client, rawSQLURLs[w], "", body) }
+	rawSQLHTTP := func(ctx context.Context, w int) error { return postOK(ctx, rawClient, w, rawSQLPaths[w], body) }
 
 	sliceDur, n := 1200*time.Millisecond, 12
 	if env.Quick {

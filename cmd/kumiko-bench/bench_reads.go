@@ -4,14 +4,12 @@ package main
 // names start with "rd" so that other benchmark files keep theirs free.
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -128,9 +126,8 @@ func rdHex(n int) string {
 // rdServer is a Kumiko HTTP server on a loopback port with its clients'
 // tokens.
 type rdServer struct {
-	url    string
-	client *http.Client
-	tokens []string
+	client *loadClient
+	auths  []header
 	close  func()
 }
 
@@ -147,43 +144,32 @@ func rdServe(ctx context.Context, rt *framework.Runtime, store *idempotency.Stor
 		return nil, err
 	}
 	go func() { _ = srv.Serve(ln) }()
-	s := &rdServer{url: "http://" + ln.Addr().String(), client: &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
-		MaxIdleConns: 2 * workers, MaxIdleConnsPerHost: 2 * workers, IdleConnTimeout: time.Minute,
-	}}}
-	s.close = func() { s.client.CloseIdleConnections(); _ = srv.Close() }
+	s := &rdServer{client: newLoadClient(ln.Addr().String(), workers)}
+	s.close = func() { s.client.close(); _ = srv.Close() }
 	for w := range workers {
 		tok, err := keys.Mint(auth.Principal{UserID: "bench-" + strconv.Itoa(w), TenantID: "tenant-" + strconv.Itoa(w%4)}, time.Hour)
 		if err != nil {
 			s.close()
 			return nil, err
 		}
-		s.tokens = append(s.tokens, tok)
+		s.auths = append(s.auths, header{"Authorization", "Bearer " + tok})
 	}
 	return s, nil
 }
 
-// post sends body to path as worker w and fails on anything but 200.
+// post sends body to path as worker w (with an Idempotency-Key unless key
+// is "") and fails on anything but 200.
 func (s *rdServer) post(ctx context.Context, w int, path string, body []byte, key string) ([]byte, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.url+path, bytes.NewReader(body))
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", "Bearer "+s.tokens[w])
+	headers := []header{s.auths[w]}
 	if key != "" {
-		req.Header.Set(web.HeaderIdempotencyKey, key)
+		headers = append(headers, header{web.HeaderIdempotencyKey, key})
 	}
-	resp, err := s.client.Do(req)
+	status, b, err := s.client.post(ctx, w, path, body, headers...)
 	if err != nil {
 		return nil, err
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("POST %s: %d %s", path, resp.StatusCode, b)
+	if status != http.StatusOK {
+		return nil, fmt.Errorf("POST %s: %d %s", path, status, b)
 	}
 	return b, nil
 }
