@@ -63,7 +63,7 @@ func (p *passDB) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, 
 // QueryRow implements framework.DB.
 func (p *passDB) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	if err := p.s.flushQueue(ctx); err != nil {
-		return errRow{err}
+		return tenancy.FailedRow(err)
 	}
 	return p.inner.QueryRow(ctx, sql, args...)
 }
@@ -71,7 +71,7 @@ func (p *passDB) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row 
 // SendBatch implements framework.DB.
 func (p *passDB) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	if err := p.s.flushQueue(ctx); err != nil {
-		return errBatch{err}
+		return tenancy.FailedBatch(err)
 	}
 	return p.inner.SendBatch(ctx, b)
 }
@@ -111,17 +111,3 @@ func (s *scopes) flushQueue(ctx context.Context) error {
 	}
 	return nil
 }
-
-// errRow is a pgx.Row whose Scan fails with err.
-type errRow struct{ err error }
-
-func (r errRow) Scan(...any) error { return r.err }
-
-// errBatch is a pgx.BatchResults that fails with err.
-type errBatch struct{ err error }
-
-func (b errBatch) Exec() (pgconn.CommandTag, error) { return pgconn.CommandTag{}, b.err }
-func (b errBatch) Query() (pgx.Rows, error)         { return nil, b.err }
-func (b errBatch) QueryRow() pgx.Row                { return errRow(b) }
-func (b errBatch) Close() error                     { return b.err }
-func (b errBatch) Tx() pgx.Tx                       { return nil }

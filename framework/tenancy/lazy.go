@@ -291,6 +291,14 @@ func (r *lazyRow) Scan(dest ...any) error {
 	return rows.Err()
 }
 
+// FailedRow returns a pgx.Row whose Scan fails with err: what a wrapper
+// of a connection answers when it could not run the statement.
+func FailedRow(err error) pgx.Row { return errRow{err} }
+
+// FailedBatch returns pgx.BatchResults whose every call fails with err:
+// what a wrapper of a connection answers when it could not send the batch.
+func FailedBatch(err error) pgx.BatchResults { return errBatch{err} }
+
 // errRow is a pgx.Row whose Scan fails with err.
 type errRow struct{ err error }
 
