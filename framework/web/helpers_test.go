@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,6 +21,7 @@ import (
 	"github.com/kumiko-go/kumiko/framework/auth"
 	"github.com/kumiko-go/kumiko/framework/kumikotest"
 	"github.com/kumiko-go/kumiko/framework/web"
+	"github.com/kumiko-go/kumiko/internal/proctest"
 )
 
 var secret = []byte("0123456789abcdef0123456789abcdef")
@@ -225,23 +225,12 @@ func (b *bundle) place(t *testing.T, token, customer string) string {
 }
 
 // lockedBuffer is a log sink safe for concurrent use.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
+type lockedBuffer struct{ proctest.Buffer }
 
 // lines returns the decoded log records whose msg is msg.
 func (l *lockedBuffer) lines(t *testing.T, msg string) []map[string]any {
 	t.Helper()
-	l.mu.Lock()
-	raw := l.buf.String()
-	l.mu.Unlock()
+	raw := l.String()
 	var out []map[string]any
 	for line := range strings.Lines(raw) {
 		var rec map[string]any
