@@ -99,14 +99,15 @@ func TestSIGTERMDrains(t *testing.T) {
 	// The stream ends cleanly: the chunked body is terminated (io.EOF, not
 	// an unexpected EOF), while the slow request is still in flight.
 	require.ErrorIs(t, s.ended(t, 5*time.Second), io.EOF)
-	// Readiness is off at once: a probe is refused or answered 503.
+	// Readiness is off at once: a probe is refused, closed unanswered, or
+	// answered 503.
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	code, _, err := get(ctx, p.url+"/health/ready")
 	cancel()
 	if err == nil {
 		require.Equal(t, http.StatusServiceUnavailable, code)
 	} else {
-		require.True(t, isRefused(err), "ready probe: %v", err)
+		require.True(t, isUnanswered(err), "ready probe: %v", err)
 	}
 	// The in-flight request keeps the process alive.
 	time.Sleep(300 * time.Millisecond)

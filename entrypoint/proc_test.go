@@ -294,7 +294,9 @@ func ids(evs []sse.Event) []string {
 	return out
 }
 
-// isRefused reports whether err is a refused connection.
-func isRefused(err error) bool {
-	return errors.Is(err, syscall.ECONNREFUSED)
+// isUnanswered reports whether err means the server took no request: the
+// connection was refused, or it was accepted into the backlog of a listener
+// closing for shutdown and closed without a response (EOF or a reset).
+func isUnanswered(err error) bool {
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.EOF)
 }
