@@ -133,7 +133,8 @@ type rdServer struct {
 }
 
 // rdServe serves rt with store (nil: no idempotency) for workers clients,
-// one user each, spread over 4 tenants.
+// one user each, spread over 4 tenants; wrap (when not nil) wraps the
+// server's handler.
 func rdServe(ctx context.Context, rt *framework.Runtime, store *idempotency.Store, workers int, wrap func(http.Handler) http.Handler) (*rdServer, error) {
 	keys, err := auth.NewKeyring([]auth.Key{{ID: "bench", Secret: []byte("bench-secret-0123456789abcdef0123")}})
 	if err != nil {
@@ -354,7 +355,9 @@ func rdDB(ctx context.Context, maxConns int32) (*pgxpool.Pool, func(), error) {
 // benchIdempotency: POST /api/write orders:write:place with a fresh
 // Idempotency-Key per request (claim + finish in Redis) against the same
 // request without a key, both through the real server at 16 clients, in
-// slices of rotating order.
+// slices of rotating order. A third side, reported without a target, is
+// the unkeyed request plus one Redis PING: the floor of a claim's round
+// trip.
 func benchIdempotency(ctx context.Context, env *Env) ([]Result, error) {
 	const workers = 16
 	pool, drop, err := rdDB(ctx, workers)
