@@ -71,8 +71,10 @@ func TestEventJobRunsOnceDespiteRedelivery(t *testing.T) {
 	eventually(t, "20 runs", func() bool { return b.count(t, `SELECT count(*) FROM runs`) >= n })
 	drained(t, r.Inspector())
 
-	// Rewind the cursor: the consumer re-reads and re-enqueues everything.
-	_, err := b.db.Pool.Exec(context.Background(), `UPDATE event_consumers SET cursor_commit_key = '0', cursor_position = 0 WHERE name = $1`, jobs.ConsumerName)
+	// Rewind the cursor as an operator would (under the consumer's lock, so
+	// that a pass still in flight cannot write its cursor over the rewind):
+	// the consumer re-reads and re-enqueues everything.
+	_, err := dispatcher.Rewind(context.Background(), b.db.Pool, jobs.ConsumerName, dispatcher.SharedInstance, dispatcher.RewindTo{})
 	require.NoError(t, err)
 	eventually(t, "the rewound consumer to deliver everything again", delivered(3))
 	drained(t, r.Inspector())
