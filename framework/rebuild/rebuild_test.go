@@ -504,6 +504,9 @@ func TestRebuildRevivesDeadConsumer(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	b.failAt.Store(-1) // the fix is deployed
+	// The consumer died before it saw the last events: wait until they are
+	// below the horizon, so that the rebuild reaches them all.
+	b.visible(t)
 	res, err := rebuild.Rebuild(ctx, b.db.Pool, b.reg, "test:tally", nil)
 	require.NoError(t, err)
 	require.Equal(t, int64(10), res.Events)
