@@ -187,7 +187,8 @@ func TestCursorMovesOnlyPastSuccesses(t *testing.T) {
 	})
 	d := newDispatcher(t, b, &dispatcher.Config{RetryBaseDelay: time.Millisecond})
 	b.write(t, "t1", 0, 10, 2)
-	visible(t, b) // so that the pass reaches the failing event
+	// All visible, so that the pass reaches the failing event.
+	visible(t, b)
 	drain(t, d, "test:flaky", 5) // events 0..4 commit with the cursor
 	require.Equal(t, 5, count(t, b, `SELECT count(*) FROM seen WHERE consumer = 'flaky'`), "the failing event's write is undone")
 	st := state(t, b, "test:flaky", dispatcher.SharedInstance)
