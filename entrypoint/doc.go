@@ -33,7 +33,8 @@
 //
 // GET /health/live answers 200 while the process runs. GET /health/ready
 // answers {status, state, checks:[{name, ok, latencyMs, error?}]} within
-// 2 s: database, redis, migrations, sse (the hub is positioned) and, with
+// 2 s: database, redis, migrations, sse (the hub is positioned), consumers
+// (the dispatcher has registered its consumers' state rows) and, with
 // Options.ReadyMaxLag, consumer_lag; 503 unless every check passed and the
 // state is ready. GET /metrics serves the process's Prometheus registry
 // (Go and process collectors, HTTP, dispatcher, SSE, jobs metrics). A worker

@@ -71,6 +71,14 @@ func (a *App) Ready(ctx context.Context) Readiness {
 			return nil
 		}})
 	}
+	if a.disp != nil {
+		checks = append(checks, check{"consumers", func(context.Context) error {
+			if !a.disp.Registered() {
+				return errors.New("the dispatcher has not registered its consumers yet")
+			}
+			return nil
+		}})
+	}
 	if a.maxLag > 0 && a.disp != nil {
 		checks = append(checks, check{"consumer_lag", a.checkLag})
 	}

@@ -195,7 +195,9 @@ func TestModes(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, http.StatusOK, code, string(body))
 			require.Contains(t, string(body), `"state":"ready"`)
-			for _, check := range []string{"database", "redis", "migrations"} {
+			// "consumers": readiness waits for the dispatcher's state rows,
+			// which the check above relies on.
+			for _, check := range []string{"database", "redis", "migrations", "consumers"} {
 				require.Contains(t, string(body), `"name":"`+check+`","ok":true`)
 			}
 

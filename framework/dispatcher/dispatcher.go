@@ -81,6 +81,8 @@ type Dispatcher struct {
 	slots     chan struct{}
 	notifyReq chan struct{}
 	metrics   *metrics
+	// registered is set once Register has created the state rows.
+	registered atomic.Bool
 }
 
 // consumerRun is a consumer with its resolved state-row key and wake chan.
@@ -218,8 +220,13 @@ func (d *Dispatcher) Register(ctx context.Context) error {
 	if err := d.pool.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("dispatcher: register consumers: %w", err)
 	}
+	d.registered.Store(true)
 	return nil
 }
+
+// Registered reports whether Register has created the state rows of the
+// dispatcher's consumers (readiness checks wait for it).
+func (d *Dispatcher) Registered() bool { return d.registered.Load() }
 
 // Run registers the consumers, then runs passes until ctx ends; the pass in
 // flight finishes first. It returns nil on a clean shutdown.
