@@ -76,7 +76,9 @@ func newDispatcher(t *testing.T, b *bundle, cfg *dispatcher.Config) *dispatcher.
 	}
 	d, err := dispatcher.New(b.db.Pool, b.reg, dispatcher.ProjectionConsumers(b.reg, nil), cfg)
 	require.NoError(t, err)
+	require.False(t, d.Registered(), "registered before Register")
 	require.NoError(t, d.Register(context.Background()))
+	require.True(t, d.Registered(), "not registered after Register")
 	return d
 }
 
