@@ -78,9 +78,9 @@ func (a *App) Ready(ctx context.Context) Readiness {
 			}
 			return nil
 		}})
-	}
-	if a.maxLag > 0 && a.disp != nil {
-		checks = append(checks, check{"consumer_lag", a.checkLag})
+		if a.maxLag > 0 {
+			checks = append(checks, check{"consumer_lag", a.checkLag})
+		}
 	}
 	out := make([]Check, len(checks))
 	var wg sync.WaitGroup
