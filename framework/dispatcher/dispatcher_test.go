@@ -190,7 +190,7 @@ func TestCursorMovesOnlyPastSuccesses(t *testing.T) {
 	d := newDispatcher(t, b, &dispatcher.Config{RetryBaseDelay: time.Millisecond})
 	b.write(t, "t1", 0, 10, 2)
 	// All visible, so that the pass reaches the failing event.
-	visible(t, b)
+	b.db.WaitVisible(t)
 	drain(t, d, "test:flaky", 5) // events 0..4 commit with the cursor
 	require.Equal(t, 5, count(t, b, `SELECT count(*) FROM seen WHERE consumer = 'flaky'`), "the failing event's write is undone")
 	st := state(t, b, "test:flaky", dispatcher.SharedInstance)
@@ -344,14 +344,6 @@ func TestListenDeliversWithoutPolling(t *testing.T) {
 func waitListening(t *testing.T, b *bundle, n int) {
 	t.Helper()
 	waitCount(t, b, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN%'`, n, 10*time.Second)
-}
-
-// visible waits until every event written so far is below the visibility
-// horizon, which other databases' transactions in the cluster (parallel
-// tests) hold back: a pass then sees them all.
-func visible(t *testing.T, b *bundle) {
-	t.Helper()
-	waitCount(t, b, `SELECT count(*) FROM events WHERE commit_key >= pg_snapshot_xmin(pg_current_snapshot())`, 0, 20*time.Second)
 }
 
 func waitCount(t *testing.T, b *bundle, sql string, want int, timeout time.Duration) {

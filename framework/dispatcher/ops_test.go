@@ -340,7 +340,7 @@ func TestDisableStopsDelivery(t *testing.T) {
 	b.write(t, "t1", 2, 3, 1)
 	// Wait until the new events are visible (skip's probe sees them), then
 	// show that passes still deliver nothing.
-	visible(t, b)
+	b.db.WaitVisible(t)
 	for range 3 {
 		n, err := d.RunOnce(context.Background(), "test:a")
 		require.NoError(t, err)
@@ -597,7 +597,7 @@ func TestRewindWaitsForARunningPass(t *testing.T) {
 	t.Cleanup(unblock) // on failure, before the pool closes
 	d := opsDispatcher(t, b, "pod-1")
 	b.write(t, "t1", 0, 3, 1)
-	visible(t, b)
+	b.db.WaitVisible(t)
 
 	ctx := context.Background()
 	passDone := make(chan error, 1)
@@ -653,7 +653,7 @@ func TestVerbsRacingPassesKeepTheCursorConsistent(t *testing.T) {
 	b := setup(t, func(b *bundle) { counter(b, "c") })
 	d := opsDispatcher(t, b, "pod-1")
 	b.write(t, "t1", 0, 40, 5)
-	visible(t, b)
+	b.db.WaitVisible(t)
 
 	ctx, stop := context.WithCancel(context.Background())
 	var passErr atomic.Value

@@ -69,7 +69,7 @@ func TestFailingQueuedWriteIsAttributedToItsEvent(t *testing.T) {
 	d := newDispatcher(t, b, &dispatcher.Config{RetryBaseDelay: time.Millisecond})
 	b.write(t, "t1", 0, 12, 2)
 	// All visible, so that the pass reaches the failing event.
-	visible(t, b)
+	b.db.WaitVisible(t)
 	drain(t, d, "test:q", 7) // events 0..6 commit; 7 fails
 	require.Equal(t, 7, count(t, b, `SELECT count(*) FROM seen WHERE consumer = 'q'`))
 	st := state(t, b, "test:q", dispatcher.SharedInstance)

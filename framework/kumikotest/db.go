@@ -48,6 +48,30 @@ type DB struct {
 	Pool *pgxpool.Pool
 }
 
+// WaitVisible waits, up to 30 s, until every event written so far lies
+// below the visibility horizon, so that a dispatcher pass can reach it.
+// Transactions in other databases of the same server (parallel test
+// packages) hold that horizon back for a moment; a test that counts what
+// one pass delivers waits for this first.
+func (db *DB) WaitVisible(t testing.TB) {
+	t.Helper()
+	const q = `SELECT count(*) FROM events WHERE commit_key >= pg_snapshot_xmin(pg_current_snapshot())`
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var n int64
+		if err := db.Pool.QueryRow(context.Background(), q).Scan(&n); err != nil {
+			t.Fatalf("kumikotest: wait for visible events: %v", err)
+		}
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("kumikotest: %d events did not become visible within 30 s", n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // NewDB creates a database cloned from the migrated template of Kumiko's
 // embedded migrations and drops it when the test ends.
 func NewDB(t testing.TB) *DB {

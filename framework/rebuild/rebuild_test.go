@@ -125,17 +125,6 @@ func (b *bundle) count(t *testing.T, tenant, key string, from, k int) {
 	}
 }
 
-// visible waits until every event written so far is below the visibility
-// horizon (other tests' transactions hold it back briefly).
-func (b *bundle) visible(t *testing.T) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for b.int(t, `SELECT count(*) FROM events WHERE commit_key >= pg_snapshot_xmin(pg_current_snapshot())`) > 0 {
-		require.True(t, time.Now().Before(deadline), "events did not become visible")
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func (b *bundle) int(t *testing.T, sql string, args ...any) int64 {
 	t.Helper()
 	var n int64
@@ -438,7 +427,7 @@ func TestCancelledRebuildCleansUp(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	b.count(t, "t1", "a", 0, 40)
-	b.visible(t)
+	b.db.WaitVisible(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	_, err := rebuild.Rebuild(ctx, b.db.Pool, b.reg, "test:tally", &rebuild.Config{
@@ -506,7 +495,7 @@ func TestRebuildRevivesDeadConsumer(t *testing.T) {
 	b.failAt.Store(-1) // the fix is deployed
 	// The consumer died before it saw the last events: wait until they are
 	// below the horizon, so that the rebuild reaches them all.
-	b.visible(t)
+	b.db.WaitVisible(t)
 	res, err := rebuild.Rebuild(ctx, b.db.Pool, b.reg, "test:tally", nil)
 	require.NoError(t, err)
 	require.Equal(t, int64(10), res.Events)

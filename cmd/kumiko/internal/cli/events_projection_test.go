@@ -112,17 +112,6 @@ func (f *logFixture) place(t *testing.T, tenant string, n, perTx, cancelEvery in
 	}
 }
 
-// visible waits until every event written so far is below the visibility
-// horizon (other tests' transactions hold it back briefly).
-func (f *logFixture) visible(t *testing.T) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for f.int(t, `SELECT count(*) FROM events WHERE commit_key >= pg_snapshot_xmin(pg_current_snapshot())`) > 0 {
-		require.True(t, time.Now().Before(deadline), "events did not become visible")
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func (f *logFixture) int(t *testing.T, sql string, args ...any) int64 {
 	t.Helper()
 	var n int64
@@ -333,7 +322,7 @@ func (f *logFixture) startKilled(t *testing.T) {
 func testProjectionRebuildKilled(t *testing.T, bin string) {
 	f := newLogFixture(t, bin)
 	f.place(t, "acme", 3000, 100, 10)
-	f.visible(t)
+	f.db.WaitVisible(t)
 	events := f.int(t, `SELECT count(*) FROM events WHERE type LIKE 'orders:%'`)
 	_, err := f.db.Pool.Exec(context.Background(), `UPDATE events SET created_at = now() - interval '40 days'`)
 	require.NoError(t, err)
