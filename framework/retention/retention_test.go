@@ -99,9 +99,12 @@ func newDispatcher(t *testing.T, b *bundle) *dispatcher.Dispatcher {
 	return d
 }
 
-// drain runs passes until the consumer has delivered want events.
-func drain(t *testing.T, d *dispatcher.Dispatcher, name string, want int) {
+// drain runs passes until the consumer has delivered want events, once
+// every event is visible (so that a pass delivers a full batch, and a
+// partial drain stops where the batch size says).
+func drain(t *testing.T, b *bundle, d *dispatcher.Dispatcher, name string, want int) {
 	t.Helper()
+	b.db.WaitVisible(t)
 	got := 0
 	deadline := time.Now().Add(30 * time.Second)
 	for got < want {
@@ -221,7 +224,7 @@ func TestPreRegistrationBlocksPrune(t *testing.T) {
 	require.Contains(t, err.Error(), "kumiko consumer disable")
 	require.Equal(t, 4, b.events(t, pingType), "a refused prune deletes nothing")
 
-	drain(t, d, "test:pings", 4)
+	drain(t, b, d, "test:pings", 4)
 	res, err := prune(t, b, &retention.Options{})
 	require.NoError(t, err)
 	require.Equal(t, int64(4), res.Counts[pingType])
@@ -241,7 +244,7 @@ func TestPruneRefusesUnderLagAndIgnoresDisabled(t *testing.T) {
 	b.write(t, b.noted, "c", 2)
 	b.age(t, pingType)
 	d := newDispatcher(t, b)
-	drain(t, d, "test:pings", 3) // one batch of 3: two pings unseen
+	drain(t, b, d, "test:pings", 3) // one batch of 3: two pings unseen
 
 	_, err = prune(t, b, &retention.Options{})
 	var lag *retention.LagError
@@ -254,7 +257,7 @@ func TestPruneRefusesUnderLagAndIgnoresDisabled(t *testing.T) {
 	require.Equal(t, int64(2), lag.Consumers[1].Unseen)
 	require.Equal(t, 5, b.events(t, pingType))
 
-	drain(t, d, "test:pings", 2)
+	drain(t, b, d, "test:pings", 2)
 	// A disabled consumer does not hold retention back.
 	_, err = b.db.Pool.Exec(context.Background(), `UPDATE event_consumers SET status = 'disabled' WHERE name = 'system:all'`)
 	require.NoError(t, err)
@@ -283,7 +286,7 @@ func TestRecentLagDoesNotBlock(t *testing.T) {
 	b.write(t, b.ping, "a", 3)
 	b.age(t, pingType)
 	d := newDispatcher(t, b)
-	drain(t, d, "test:pings", 3)
+	drain(t, b, d, "test:pings", 3)
 	b.write(t, b.ping, "a", 2) // recent and unseen
 	res, err := prune(t, b, &retention.Options{})
 	require.NoError(t, err)
@@ -307,7 +310,7 @@ func TestDryRunDeletesNothing(t *testing.T) {
 	require.True(t, res.DryRun)
 	require.Equal(t, map[string]int64{pingType: 4, pongType: 0}, res.Counts)
 
-	drain(t, d, "test:pings", 4)
+	drain(t, b, d, "test:pings", 4)
 	res, err = prune(t, b, &retention.Options{DryRun: true})
 	require.NoError(t, err)
 	require.Equal(t, int64(4), res.Total)
@@ -324,7 +327,7 @@ func TestPruneWaitsForConsumerChangesAndSeesThem(t *testing.T) {
 	b.write(t, b.ping, "a", 3)
 	b.age(t, pingType)
 	d := newDispatcher(t, b)
-	drain(t, d, "test:pings", 3)
+	drain(t, b, d, "test:pings", 3)
 
 	ctx := context.Background()
 	rewind, err := b.db.Pool.Begin(ctx)
