@@ -252,6 +252,12 @@ func jitter(interval time.Duration) time.Duration {
 	return interval*8/10 + time.Duration(rand.Int64N(int64(interval*4/10)+1))
 }
 
+// maxInvisiblePoll caps the re-poll while events wait above the horizon.
+// The transaction that holds the horizon back may end without waking this
+// process, so that re-poll, not the NOTIFY, delivers those events; a long
+// PollInterval (a process that relies on LISTEN) must not delay them.
+const maxInvisiblePoll = 100 * time.Millisecond
+
 // loop runs passes of one consumer: at once while batches come back full,
 // otherwise on a wake-up, a poll tick or a due retry.
 func (d *Dispatcher) loop(ctx context.Context, c *consumerRun) {
@@ -278,7 +284,7 @@ func (d *Dispatcher) loop(ctx context.Context, c *consumerRun) {
 		}
 		wait := jitter(d.cfg.PollInterval)
 		if err == nil && res.invisible {
-			fast = min(max(fast*2, 2*time.Millisecond), d.cfg.PollInterval)
+			fast = min(max(fast*2, 2*time.Millisecond), d.cfg.PollInterval, maxInvisiblePoll)
 			wait = min(wait, fast)
 		} else {
 			fast = 0

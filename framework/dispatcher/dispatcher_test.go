@@ -341,6 +341,39 @@ func TestListenDeliversWithoutPolling(t *testing.T) {
 	waitCount(t, b, `SELECT count(*) FROM seen`, 2, 5*time.Second)
 }
 
+// An event that a NOTIFY announces while an older transaction holds the
+// horizon back is delivered soon after that transaction ends, even with
+// a poll interval of a minute: its end wakes nobody, so the dispatcher
+// re-polls, and that re-poll is capped well below the poll interval.
+func TestInvisibleEventDeliveredSoonAfterHorizonMoves(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(b *bundle) { recorder(b, "a", nil) })
+	d := newDispatcher(t, b, &dispatcher.Config{PollInterval: time.Minute})
+	b.rt.OnCommit(func(int) { d.Wake() })
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = d.Run(ctx) })
+	defer func() { cancel(); wg.Wait() }()
+	waitListening(t, b, 1)
+
+	// An open transaction with an xid: the write's event stays above the
+	// horizon until it ends.
+	holder, err := b.db.Pool.Begin(context.Background())
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(context.Background()) }()
+	_, err = holder.Exec(context.Background(), `SELECT pg_current_xact_id()`)
+	require.NoError(t, err)
+	b.write(t, "t1", 0, 1, 1)
+	// Long enough for an uncapped doubling re-poll to reach seconds.
+	time.Sleep(4500 * time.Millisecond)
+	require.Zero(t, count(t, b, `SELECT count(*) FROM seen`), "delivered above the horizon")
+	require.NoError(t, holder.Rollback(context.Background()))
+	start := time.Now()
+	waitCount(t, b, `SELECT count(*) FROM seen`, 1, 10*time.Second)
+	// Other packages' transactions may hold the horizon a little longer.
+	require.Less(t, time.Since(start), 1500*time.Millisecond, "delivered too late after the horizon moved")
+}
+
 func waitListening(t *testing.T, b *bundle, n int) {
 	t.Helper()
 	waitCount(t, b, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN%'`, n, 10*time.Second)
