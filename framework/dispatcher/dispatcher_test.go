@@ -311,6 +311,12 @@ func TestSharedInstanceIDRefused(t *testing.T) {
 
 // Run delivers through LISTEN/NOTIFY with the poll interval at a minute,
 // also after the listening backend was killed.
+//
+// The waits are long: a parallel test (this package's horizon test, or any
+// test of another package holding an xid) can hold the cluster-wide
+// horizon, and so this test's events, back for seconds. They stay far
+// below the poll interval (at least 48 s with jitter), so only a NOTIFY
+// can deliver in time.
 func TestListenDeliversWithoutPolling(t *testing.T) {
 	t.Parallel()
 	b := setup(t, func(b *bundle) { recorder(b, "a", nil) })
@@ -329,7 +335,7 @@ func TestListenDeliversWithoutPolling(t *testing.T) {
 	waitListening(t, b, 2)
 	time.Sleep(50 * time.Millisecond) // let the first pass finish
 	b.write(t, "t1", 0, 1, 1)
-	waitCount(t, b, `SELECT count(*) FROM seen`, 1, 5*time.Second)
+	waitCount(t, b, `SELECT count(*) FROM seen`, 1, 20*time.Second)
 
 	// Kill the LISTEN backend; the dispatcher reconnects and delivers again.
 	_, err = b.db.Pool.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN%'`)
@@ -338,7 +344,7 @@ func TestListenDeliversWithoutPolling(t *testing.T) {
 	waitListening(t, b, 2)
 	time.Sleep(50 * time.Millisecond)
 	b.write(t, "t1", 1, 1, 1)
-	waitCount(t, b, `SELECT count(*) FROM seen`, 2, 5*time.Second)
+	waitCount(t, b, `SELECT count(*) FROM seen`, 2, 20*time.Second)
 }
 
 // An event that a NOTIFY announces while an older transaction holds the
