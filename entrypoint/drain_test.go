@@ -203,6 +203,46 @@ func TestReadinessFollowsPostgres(t *testing.T) {
 	p.place(t, "acme", "after outage")
 }
 
+// TestStartsBeforePostgres: a process started while Postgres does not
+// answer (a black-holed proxy) keeps running and answers 503 with its
+// consumers not registered; once Postgres answers it turns ready and
+// works, without a restart.
+func TestStartsBeforePostgres(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"worker", "all-in-one"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			db := kumikotest.NewDB(t)
+			rds := jobstest.StartRedis(t)
+			px := newProxy(t, "127.0.0.1:5432")
+			px.setDown(true)
+			dbURL := strings.Replace(db.URL, "127.0.0.1:5432", px.Addr(), 1)
+			p := start(t, "early-"+mode, procEnv(mode, dbURL, rds.URL, "early-"+mode))
+
+			// Several connect timeouts (1 s each) and registration retries.
+			for until := time.Now().Add(3 * time.Second); time.Now().Before(until); {
+				require.True(t, p.running(), "exited while Postgres did not answer")
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				code, body, err := get(ctx, p.url+"/health/ready")
+				cancel()
+				if err == nil {
+					require.Equal(t, http.StatusServiceUnavailable, code, string(body))
+					var r readiness
+					require.NoError(t, json.Unmarshal(body, &r), string(body))
+					require.False(t, r.check("consumers").OK, string(body))
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+
+			px.setDown(false)
+			p.waitReady(t)
+			if mode == "all-in-one" {
+				p.place(t, "acme", "after a late start")
+			}
+		})
+	}
+}
+
 // readiness is the body of /health/ready.
 type readiness struct {
 	Status string `json:"status"`

@@ -229,10 +229,13 @@ func (d *Dispatcher) Register(ctx context.Context) error {
 func (d *Dispatcher) Registered() bool { return d.registered.Load() }
 
 // Run registers the consumers, then runs passes until ctx ends; the pass in
-// flight finishes first. It returns nil on a clean shutdown.
+// flight finishes first. Registration is retried with backoff while it
+// fails (the database may not answer yet, or not be migrated yet, when a
+// process starts); Registered stays false meanwhile. It returns nil when
+// ctx ends.
 func (d *Dispatcher) Run(ctx context.Context) error {
-	if err := d.Register(ctx); err != nil {
-		return err
+	if !d.registerRetrying(ctx) {
+		return nil
 	}
 	var wg sync.WaitGroup
 	for _, c := range d.consumers {
@@ -245,6 +248,28 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	wg.Go(func() { d.maintenanceLoop(ctx) })
 	wg.Wait()
 	return nil
+}
+
+// registerRetrying calls Register until it succeeds (true) or ctx ends
+// (false), logging each failure.
+func (d *Dispatcher) registerRetrying(ctx context.Context) bool {
+	backoff := 100 * time.Millisecond
+	for {
+		err := d.Register(ctx)
+		if err == nil {
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		d.log.Warn("dispatcher registration failed", "error", err, "retry_in", backoff.String())
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 5*time.Second)
+	}
 }
 
 // jitter returns interval ±20%.

@@ -303,6 +303,36 @@ func TestSagaKeepsCorrelationAndChainsCausation(t *testing.T) {
 	require.Equal(t, 4, i)
 }
 
+// Run keeps retrying the registration while it fails (here: the database
+// is not migrated yet, its consumer table missing), and once it succeeds
+// the dispatcher registers and delivers.
+func TestRunRetriesRegistration(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(b *bundle) { recorder(b, "a", nil) })
+	d, err := dispatcher.New(b.db.Pool, b.reg, dispatcher.ProjectionConsumers(b.reg, nil), &dispatcher.Config{InstanceID: "late", PollInterval: 50 * time.Millisecond})
+	require.NoError(t, err)
+	_, err = b.db.Pool.Exec(context.Background(), `ALTER TABLE event_consumers RENAME TO event_consumers_later`)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	var runErr error
+	stopped := make(chan struct{})
+	go func() { runErr = d.Run(ctx); close(stopped) }()
+	defer func() { cancel(); <-stopped; require.NoError(t, runErr) }()
+
+	time.Sleep(500 * time.Millisecond) // a few failed attempts
+	select {
+	case <-stopped:
+		t.Fatalf("Run returned while registration failed: %v", runErr)
+	default:
+	}
+	require.False(t, d.Registered())
+	_, err = b.db.Pool.Exec(context.Background(), `ALTER TABLE event_consumers_later RENAME TO event_consumers`)
+	require.NoError(t, err)
+	b.write(t, "t1", 0, 1, 1)
+	waitCount(t, b, `SELECT count(*) FROM seen`, 1, 20*time.Second)
+	require.True(t, d.Registered())
+}
+
 func TestSharedInstanceIDRefused(t *testing.T) {
 	t.Parallel()
 	_, err := dispatcher.New(nil, framework.NewRegistry(), nil, &dispatcher.Config{InstanceID: dispatcher.SharedInstance})
