@@ -28,6 +28,7 @@ import (
 	"github.com/kumiko-go/kumiko/framework/dispatcher"
 	"github.com/kumiko-go/kumiko/framework/sse"
 	"github.com/kumiko-go/kumiko/framework/web"
+	"github.com/kumiko-go/kumiko/internal/retry"
 )
 
 // State is a process's lifecycle state.
@@ -410,25 +411,16 @@ func (a *App) Serve(ctx context.Context, ln net.Listener) error {
 }
 
 // primeHub positions the SSE hub, retrying while the database is
-// unreachable; it reports false when ctx ended first.
+// unreachable; it reports false when ctx ended or the hub closed first.
 func (a *App) primeHub(ctx context.Context) bool {
-	backoff := 100 * time.Millisecond
-	for {
-		err := a.hub.Prime(ctx, a.instanceID)
-		if err == nil {
-			return true
-		}
-		if ctx.Err() != nil || errors.Is(err, sse.ErrClosed) {
+	prime := func(ctx context.Context) error { return a.hub.Prime(ctx, a.instanceID) }
+	return retry.Until(ctx, prime, func(err error, retryIn time.Duration) bool {
+		if errors.Is(err, sse.ErrClosed) {
 			return false
 		}
-		a.log.Warn("sse prime failed", "error", err, "retry_in", backoff.String())
-		select {
-		case <-ctx.Done():
-			return false
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, 5*time.Second)
-	}
+		a.log.Warn("sse prime failed", "error", err, "retry_in", retryIn.String())
+		return true
+	})
 }
 
 func randomID() string {

@@ -18,6 +18,7 @@ import (
 	"github.com/kumiko-go/kumiko/framework"
 	"github.com/kumiko-go/kumiko/framework/eventstore"
 	"github.com/kumiko-go/kumiko/framework/tenancy"
+	"github.com/kumiko-go/kumiko/internal/retry"
 )
 
 // Config tunes [New]. A nil *Config is invalid (InstanceID is required).
@@ -253,23 +254,10 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 // registerRetrying calls Register until it succeeds (true) or ctx ends
 // (false), logging each failure.
 func (d *Dispatcher) registerRetrying(ctx context.Context) bool {
-	backoff := 100 * time.Millisecond
-	for {
-		err := d.Register(ctx)
-		if err == nil {
-			return true
-		}
-		if ctx.Err() != nil {
-			return false
-		}
-		d.log.Warn("dispatcher registration failed", "error", err, "retry_in", backoff.String())
-		select {
-		case <-ctx.Done():
-			return false
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, 5*time.Second)
-	}
+	return retry.Until(ctx, d.Register, func(err error, retryIn time.Duration) bool {
+		d.log.Warn("dispatcher registration failed", "error", err, "retry_in", retryIn.String())
+		return true
+	})
 }
 
 // jitter returns interval ±20%.
