@@ -23,7 +23,9 @@
 //
 // A process starts without the database: what needs it (positioning the SSE
 // hub, registering the consumers) is retried with backoff, and readiness
-// answers 503 until it succeeded. [App.Run] serves until its context ends (SIGTERM or SIGINT in `kumiko
+// answers 503 until that has succeeded.
+//
+// [App.Run] serves until its context ends (SIGTERM or SIGINT in `kumiko
 // serve`), then drains: readiness turns 503 at once and the listener stops
 // accepting, open SSE streams end cleanly, in-flight requests finish, the
 // dispatcher finishes its pass, the job lanes shut down, the shutdown hooks
