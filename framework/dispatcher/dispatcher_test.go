@@ -377,6 +377,39 @@ func TestListenDeliversWithoutPolling(t *testing.T) {
 	waitCount(t, b, `SELECT count(*) FROM seen`, 2, 20*time.Second)
 }
 
+// The LISTEN connection's reconnect backoff starts over after a connection
+// that listened: killed seven times, it comes back quickly each time (a
+// backoff that kept doubling would wait 11 s in all, 5 s for the last).
+func TestListenReconnectsQuicklyEachTime(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	d, err := dispatcher.New(b.db.Pool, b.reg, nil, &dispatcher.Config{InstanceID: "relisten", PollInterval: time.Minute})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = d.Run(ctx) })
+	defer func() { cancel(); wg.Wait() }()
+
+	const listenerSQL = `SELECT coalesce(max(pid), 0) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN%'`
+	waitListening(t, b, 1)
+	var total time.Duration
+	for range 7 {
+		old := count(t, b, listenerSQL)
+		start := time.Now()
+		_, err := b.db.Pool.Exec(context.Background(), `SELECT pg_terminate_backend($1)`, old)
+		require.NoError(t, err)
+		for {
+			if pid := count(t, b, listenerSQL); pid != 0 && pid != old {
+				break
+			}
+			require.Less(t, time.Since(start), 20*time.Second, "no new LISTEN connection")
+			time.Sleep(10 * time.Millisecond)
+		}
+		total += time.Since(start)
+	}
+	require.Less(t, total, 5*time.Second, "reconnects took %s in all", total)
+}
+
 // An event that a NOTIFY announces while an older transaction holds the
 // horizon back is delivered soon after that transaction ends, even with
 // a poll interval of a minute: its end wakes nobody, so the dispatcher

@@ -39,13 +39,18 @@ func (d *Dispatcher) notifyLoop(ctx context.Context) {
 // listenLoop keeps a dedicated LISTEN connection and wakes the consumers on
 // every other process's NOTIFY. It reconnects with backoff and wakes the
 // consumers after each reconnect, since notifications may have been missed.
+// The backoff starts over after a connection that listened, so a process
+// that loses its connection now and then reconnects after 100 ms each time.
 func (d *Dispatcher) listenLoop(ctx context.Context) {
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
-		err := d.listenOnce(ctx)
+		listened, err := d.listenOnce(ctx)
 		d.metrics.listen.Set(0)
 		if ctx.Err() != nil {
 			return
+		}
+		if listened {
+			backoff = 100 * time.Millisecond
 		}
 		d.log.Warn("dispatcher listen connection lost", "error", err, "retry_in", backoff.String())
 		select {
@@ -57,14 +62,15 @@ func (d *Dispatcher) listenLoop(ctx context.Context) {
 	}
 }
 
-// listenOnce runs one LISTEN connection until it fails or ctx ends.
-func (d *Dispatcher) listenOnce(ctx context.Context) error {
+// listenOnce runs one LISTEN connection until it fails or ctx ends;
+// listened reports whether it got as far as listening.
+func (d *Dispatcher) listenOnce(ctx context.Context) (listened bool, err error) {
 	cfg := d.pool.Config().ConnConfig.Copy()
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	conn, err := pgx.ConnectConfig(cctx, cfg)
 	cancel()
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -72,14 +78,14 @@ func (d *Dispatcher) listenOnce(ctx context.Context) error {
 		_ = conn.Close(cctx)
 	}()
 	if _, err := conn.Exec(ctx, `LISTEN `+NotifyChannel); err != nil {
-		return err
+		return false, err
 	}
 	d.metrics.listen.Set(1)
 	d.wakeLocal()
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
-			return err
+			return true, err
 		}
 		if n.Payload != d.cfg.InstanceID {
 			d.wakeLocal()
