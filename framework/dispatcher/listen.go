@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/kumiko-go/kumiko/internal/retry"
 )
 
 // notifyLoop sends one NOTIFY per burst of Wake calls, at most every
@@ -42,7 +44,7 @@ func (d *Dispatcher) notifyLoop(ctx context.Context) {
 // The backoff starts over after a connection that listened, so a process
 // that loses its connection now and then reconnects after 100 ms each time.
 func (d *Dispatcher) listenLoop(ctx context.Context) {
-	backoff := 100 * time.Millisecond
+	backoff := retry.First
 	for ctx.Err() == nil {
 		listened, err := d.listenOnce(ctx)
 		d.metrics.listen.Set(0)
@@ -50,7 +52,7 @@ func (d *Dispatcher) listenLoop(ctx context.Context) {
 			return
 		}
 		if listened {
-			backoff = 100 * time.Millisecond
+			backoff = retry.First
 		}
 		d.log.Warn("dispatcher listen connection lost", "error", err, "retry_in", backoff.String())
 		select {
@@ -58,7 +60,7 @@ func (d *Dispatcher) listenLoop(ctx context.Context) {
 			return
 		case <-time.After(backoff):
 		}
-		backoff = min(backoff*2, 5*time.Second)
+		backoff = min(backoff*2, retry.Max)
 	}
 }
 
