@@ -473,7 +473,6 @@ func (d *Dispatcher) pass(ctx context.Context, c *consumerRun) (passResult, erro
 type failure struct {
 	index int
 	err   error
-	pos   int64
 }
 
 // attempt runs one pass transaction. Without f it applies up to limit

@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"regexp"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
@@ -474,16 +473,4 @@ func marshal(job string, v any) (json.RawMessage, error) {
 		return nil, fmt.Errorf("jobs: %s: encode payload: %w", job, err)
 	}
 	return b, nil
-}
-
-// describe returns a short description of the trigger for listings.
-func (j *Job) describe() string {
-	switch j.trigger {
-	case TriggerEvent:
-		return "on " + j.event
-	case TriggerCron:
-		return "cron " + strings.TrimSpace(j.spec)
-	default:
-		return "manual"
-	}
 }
