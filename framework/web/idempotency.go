@@ -200,7 +200,7 @@ func (s *Server) runClaimed(c echo.Context, next echo.HandlerFunc, claim *idempo
 	// its retry finds the outcome instead of a half-known state.
 	detached := context.WithoutCancel(req.Context())
 	c.SetRequest(req.WithContext(detached))
-	herr, abort := callRecovering(c, next)
+	abort, herr := callRecovering(c, next)
 	if abort == nil && herr != nil {
 		// Rendered into the recorder, so that failures are stored too.
 		if werr := WriteError(c, herr); werr != nil {
@@ -260,7 +260,7 @@ func (s *Server) releaseClaim(c echo.Context, claim *idempotency.Claim, key stri
 // callRecovering runs next, turning a panic into a *panicError (rendered
 // and stored as an internal error like any other); http.ErrAbortHandler is
 // returned as abort, to be re-panicked.
-func callRecovering(c echo.Context, next echo.HandlerFunc) (err error, abort any) {
+func callRecovering(c echo.Context, next echo.HandlerFunc) (abort any, err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			if v == http.ErrAbortHandler { //nolint:errorlint // net/http compares it by identity too
@@ -270,7 +270,7 @@ func callRecovering(c echo.Context, next echo.HandlerFunc) (err error, abort any
 			err = &panicError{value: v, stack: debug.Stack()}
 		}
 	}()
-	return next(c), nil
+	return nil, next(c)
 }
 
 // recorder is the http.ResponseWriter of a claimed request: it keeps the
