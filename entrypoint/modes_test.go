@@ -191,6 +191,7 @@ func TestModes(t *testing.T) {
 			code, body, err := get(ctx, p.url+"/health/live")
 			require.NoError(t, err)
 			require.Equal(t, http.StatusOK, code)
+			require.Contains(t, string(body), `"status":"ok"`)
 			code, body, err = get(ctx, p.url+"/health/ready")
 			require.NoError(t, err)
 			require.Equal(t, http.StatusOK, code, string(body))

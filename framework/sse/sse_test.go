@@ -247,9 +247,9 @@ func TestResumeUnderLoad(t *testing.T) {
 	close(start)
 	for len(got) < writers*perWriter {
 		// Read a few events, then drop the connection and resume.
-		evs := c.waitFor(t, 1)
+		c.waitFor(t, 1)
 		time.Sleep(time.Duration(len(got)%7) * time.Millisecond)
-		evs = c.snapshot()
+		evs := c.snapshot()
 		c.close()
 		got = append(got, evs...)
 		if len(got) > 0 {

@@ -276,7 +276,10 @@ func testConsumerRewind(t *testing.T, bin string) {
 
 	out, errOut, code = f.run(t, "consumer", "rewind", "ops:healthy", "--to-time", "2000-01-01T00:00:00Z")
 	require.Zero(t, code, errOut)
-	require.EqualValues(t, 3, f.status(t, "ops:healthy", "").Lag)
+	before := st.Cursor
+	st = f.status(t, "ops:healthy", "")
+	require.Equal(t, fmt.Sprintf("rewound consumer ops:healthy from cursor %s to %s\n", before, st.Cursor), out)
+	require.EqualValues(t, 3, st.Lag)
 
 	// A dead consumer rewound to the start turns idle.
 	out, errOut, code = f.run(t, "consumer", "rewind", "ops:broken", "--to-position", "0")
@@ -288,6 +291,7 @@ func testConsumerRewind(t *testing.T, bin string) {
 	requireRefused(t, out, errOut, code, "no event has position 987654")
 	out, errOut, code = f.run(t, "consumer", "rewind", "ops:healthy", "--to-position", fmt.Sprint(second))
 	require.Equal(t, 1, code)
+	require.Empty(t, out)
 	require.Contains(t, errOut, "rewind only moves back")
 	for _, args := range [][]string{
 		{"--to-time", "yesterday"},
