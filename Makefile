@@ -43,9 +43,12 @@ test: ## Run every test (real Postgres and Redis, race detector).
 bench: ## Run the benchmarks, each against its baseline, and print the ratios.
 	$(GO) run ./cmd/kumiko-bench
 
-lint: ## gofmt and go vet.
+STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
+lint: ## gofmt, go vet and staticcheck.
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
 
 tidy: ## go mod tidy.
 	$(GO) mod tidy
