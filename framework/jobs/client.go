@@ -36,8 +36,8 @@ type Dispatched struct {
 	Key string `json:"key,omitempty"`
 }
 
-// SkipRetry, wrapped in a handler's error, archives the run at once instead
-// of retrying it.
+// SkipRetry archives the run at once instead of retrying it when a
+// handler's error wraps it.
 var SkipRetry = asynq.SkipRetry
 
 // ErrDuplicate is returned by [Client.Dispatch] when the run was not
