@@ -84,12 +84,35 @@ func NewDBFrom(t testing.TB, fsys fs.FS) *DB {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	db, drop, err := CreateDB(ctx, fsys)
+	db, _, err := CreateDB(ctx, fsys)
 	if err != nil {
 		t.Fatalf("kumikotest: %v", err)
 	}
-	t.Cleanup(drop)
+	t.Cleanup(func() { closeAndDrop(t, db, 30*time.Second) })
 	return db
+}
+
+// closeAndDrop closes db's pool and drops the database. pgxpool's Close
+// waits for every acquired connection: a test that stopped at a failed
+// assertion while holding a transaction would block it forever, and hang the
+// whole package until go test's timeout instead of reporting that failure.
+// So the wait is bounded (to 2 s after a failure); a connection still held
+// after wait in a passing test is a leak and fails it. The database is
+// dropped in any case, which ends the held connection's backend.
+func closeAndDrop(t testing.TB, db *DB, wait time.Duration) {
+	closed := make(chan struct{})
+	go func() { db.Pool.Close(); close(closed) }()
+	if t.Failed() {
+		wait = min(wait, 2*time.Second)
+	}
+	select {
+	case <-closed:
+	case <-time.After(wait):
+		if !t.Failed() {
+			t.Errorf("kumikotest: a connection to %s was not released within %s of the test's end (a transaction left open?)", db.Name, wait)
+		}
+	}
+	dropDatabase(db.Name)
 }
 
 // CreateDB creates a database cloned from the migrated template of fsys
