@@ -3,6 +3,7 @@ package framework
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"reflect"
 	"time"
 
@@ -13,6 +14,10 @@ import (
 // JSON. It runs on every read (load, dispatch, rebuild); stored rows are
 // never rewritten.
 type Upcaster func(payload json.RawMessage) (json.RawMessage, error)
+
+// MaxEventVersion is the largest payload schema version (the event log
+// stores it as an int4).
+const MaxEventVersion = math.MaxInt32
 
 // EventOptions tunes [DefineEvent]. A nil *EventOptions means the defaults.
 type EventOptions struct {
@@ -57,6 +62,12 @@ func DefineEvent[T any](f *Feature, name string, opts *EventOptions) EventType[T
 		upcasters: opts.Upcasters,
 		pubSub:    opts.PubSub,
 		goType:    reflect.TypeFor[T](),
+	}
+	if def.version > MaxEventVersion {
+		// Stored as an int4; and one upcaster per version could never be
+		// listed anyway.
+		f.reg.problem("event %s: version %d is above the largest, %d", def.qualified, def.version, MaxEventVersion)
+		def.version = 1
 	}
 	for v := 1; v < def.version; v++ {
 		if def.upcasters[v] == nil {

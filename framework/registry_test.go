@@ -55,6 +55,7 @@ func TestBuildReportsEveryProblemAtOnce(t *testing.T) {
 	framework.DefineEvent[regPayload](shop, "placed", nil)
 	framework.DefineEvent[regPayload](shop, "Bad_Event", nil)
 	framework.DefineEvent[regPayload](shop, "evolved", &framework.EventOptions{Version: 3})
+	framework.DefineEvent[regPayload](shop, "far-evolved", &framework.EventOptions{Version: framework.MaxEventVersion + 1})
 	framework.DefineEvent[regPayload](shop, "half-evolved", &framework.EventOptions{
 		Version: 3, Upcasters: map[int]framework.Upcaster{1: regUpcast},
 	})
@@ -88,6 +89,7 @@ func TestBuildReportsEveryProblemAtOnce(t *testing.T) {
 		`kumiko: event name "Bad_Event" of feature "shop" is not kebab-case`,
 		`kumiko: event shop:event:evolved: version 1 has no upcaster to 2`,
 		`kumiko: event shop:event:evolved: version 2 has no upcaster to 3`,
+		`kumiko: event shop:event:far-evolved: version 2147483648 is above the largest, 2147483647`,
 		`kumiko: event shop:event:half-evolved: version 2 has no upcaster to 3`,
 		`kumiko: write shop:write:place registered twice`,
 		`kumiko: write name "placeOrder" of feature "shop" is not kebab-case`,

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -248,11 +249,12 @@ func appendArgs(stream StreamRef, expected int64, events []NewEvent) (string, []
 	payloads := make([]string, len(events))
 	metas := make([]string, len(events))
 	for i, e := range events {
-		if e.Type == "" {
-			return "", nil, errors.New("eventstore: event without type")
+		v, err := typeVersion(e)
+		if err != nil {
+			return "", nil, err
 		}
 		types[i] = e.Type
-		versions[i] = int32(max(e.TypeVersion, 1))
+		versions[i] = v
 		payloads[i] = string(e.Payload)
 		if len(e.Payload) == 0 {
 			payloads[i] = "{}"
@@ -274,10 +276,23 @@ func appendArgs(stream StreamRef, expected int64, events []NewEvent) (string, []
 	}
 }
 
+// typeVersion checks that e names its type and returns its schema version
+// as stored (an int4; below 1 means 1).
+func typeVersion(e NewEvent) (int32, error) {
+	if e.Type == "" {
+		return 0, errors.New("eventstore: event without type")
+	}
+	if e.TypeVersion > math.MaxInt32 {
+		return 0, fmt.Errorf("eventstore: %s: type version %d does not fit the log", e.Type, e.TypeVersion)
+	}
+	return int32(max(e.TypeVersion, 1)), nil
+}
+
 // appendOneArgs is appendArgs for a single event.
 func appendOneArgs(stream StreamRef, expected int64, e NewEvent) (string, []any, error) {
-	if e.Type == "" {
-		return "", nil, errors.New("eventstore: event without type")
+	version, err := typeVersion(e)
+	if err != nil {
+		return "", nil, err
 	}
 	payload := e.Payload
 	if len(payload) == 0 {
@@ -288,7 +303,7 @@ func appendOneArgs(stream StreamRef, expected int64, e NewEvent) (string, []any,
 		return "", nil, fmt.Errorf("eventstore: metadata: %w", err)
 	}
 	// []byte travels to jsonb as the JSON text itself.
-	args := []any{stream.TenantID, stream.Type, stream.ID, int64(1), e.Type, int32(max(e.TypeVersion, 1)), []byte(payload), m, expected}
+	args := []any{stream.TenantID, stream.Type, stream.ID, int64(1), e.Type, version, []byte(payload), m, expected}
 	switch expected {
 	case AnyVersion:
 		return appendAnyOne, args[:8], nil

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -141,6 +142,38 @@ func TestExpectedVersion(t *testing.T) {
 	var payload string
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT payload::text FROM events WHERE stream_id = 'b'`).Scan(&payload))
 	require.Equal(t, "{}", payload, "an empty payload is stored as {}")
+}
+
+// Malformed events are refused before anything is sent, by the one-event and
+// the several-event statement alike; the largest storable type version is
+// stored as given.
+func TestAppendRefusesMalformedEvents(t *testing.T) {
+	t.Parallel()
+	db := kumikotest.NewDB(t)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		bad  eventstore.NewEvent
+		want string
+	}{
+		{eventstore.NewEvent{Payload: json.RawMessage(`{}`)}, "event without type"},
+		{eventstore.NewEvent{Type: "x:event:far", TypeVersion: math.MaxInt32 + 1}, "x:event:far: type version 2147483648 does not fit the log"},
+	} {
+		for _, events := range [][]eventstore.NewEvent{{tc.bad}, {ev("x:event:one", 1), tc.bad}} {
+			tx, err := db.Pool.Begin(ctx)
+			require.NoError(t, err)
+			_, appendErr := eventstore.Append(ctx, tx, stream("a"), eventstore.AnyVersion, events)
+			require.NoError(t, tx.Commit(ctx), "the transaction is untouched")
+			require.ErrorContains(t, appendErr, tc.want)
+		}
+	}
+	var n int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM events`).Scan(&n))
+	require.Zero(t, n)
+
+	appendTx(t, db.Pool, stream("a"), eventstore.NoStream, eventstore.NewEvent{Type: "x:event:far", TypeVersion: math.MaxInt32})
+	var v int64
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT type_version FROM events`).Scan(&v))
+	require.EqualValues(t, math.MaxInt32, v)
 }
 
 // A conflict inside a pipelined batch must abort the transaction so that a
