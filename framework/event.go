@@ -3,7 +3,6 @@ package framework
 import (
 	"encoding/json"
 	"fmt"
-	"math"
 	"reflect"
 	"time"
 
@@ -17,7 +16,7 @@ type Upcaster func(payload json.RawMessage) (json.RawMessage, error)
 
 // MaxEventVersion is the largest payload schema version (the event log
 // stores it as an int4).
-const MaxEventVersion = math.MaxInt32
+const MaxEventVersion = eventstore.MaxTypeVersion
 
 // EventOptions tunes [DefineEvent]. A nil *EventOptions means the defaults.
 type EventOptions struct {

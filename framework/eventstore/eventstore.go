@@ -276,13 +276,17 @@ func appendArgs(stream StreamRef, expected int64, events []NewEvent) (string, []
 	}
 }
 
+// MaxTypeVersion is the largest payload schema version the log stores (an
+// int4).
+const MaxTypeVersion = math.MaxInt32
+
 // typeVersion checks that e names its type and returns its schema version
 // as stored (an int4; below 1 means 1).
 func typeVersion(e NewEvent) (int32, error) {
 	if e.Type == "" {
 		return 0, errors.New("eventstore: event without type")
 	}
-	if e.TypeVersion > math.MaxInt32 {
+	if e.TypeVersion > MaxTypeVersion {
 		return 0, fmt.Errorf("eventstore: %s: type version %d does not fit the log", e.Type, e.TypeVersion)
 	}
 	return int32(max(e.TypeVersion, 1)), nil
