@@ -189,9 +189,10 @@ func closestNames(name string, known []string, n int) []string {
 		score int
 	}
 	var all []scored
+	parts := strings.FieldsFunc(name, func(r rune) bool { return r == ':' || r == '-' })
 	for _, k := range known {
 		sc := 0
-		for _, part := range strings.FieldsFunc(name, func(r rune) bool { return r == ':' || r == '-' }) {
+		for _, part := range parts {
 			if strings.Contains(k, part) {
 				sc++
 			}

@@ -235,6 +235,30 @@ func TestAppendInvalidPayloadRollsBack(t *testing.T) {
 	b.requireNothingPersisted(t)
 }
 
+// A NUL (U+0000) that reaches the database, in a text column (SQLSTATE
+// 22021) or in an event's jsonb payload (22P05), is the caller's bad input:
+// a validation_error, not an internal error, and nothing persists.
+func TestNULInAValueIsAValidationError(t *testing.T) {
+	t.Parallel()
+	var ev framework.EventType[noted]
+	b := newRTBundle(t, func(r *framework.Registry, _ *orders.Feature) {
+		ev = framework.DefineEvent[noted](r.Feature("tx-test"), "noted", nil)
+		framework.Write(r.Feature("tx-test"), "note-only", func(ctx context.Context, tx *framework.Tx, in noted) (struct{}, error) {
+			return struct{}{}, tx.Append(orderStream(uuid.NewString()), framework.NoStream, ev.With(in))
+		}, nil)
+	})
+	for typ, payload := range map[string]map[string]any{
+		"orders:write:place":      {"customer": "A\x00B", "amountCents": 1}, // the orders row's text column
+		"tx-test:write:note-only": {"text": "A\x00B"},                       // only the event's jsonb
+	} {
+		_, err := b.write(t, callAs("t1", "alice"), typ, payload)
+		e := framework.ToError(err)
+		require.Equal(t, framework.CodeValidation, e.Code, "%s: %v", typ, err)
+		require.Contains(t, e.Message, "NUL")
+		b.requireNothingPersisted(t)
+	}
+}
+
 // personV2 is version 2 of tx-test:event:person-named; version 1 stored
 // {"name": ...}.
 type personV2 struct {

@@ -54,7 +54,8 @@ func decodeJSON(body []byte, maxDepth int, v any) error {
 	if trimmed[0] != '{' {
 		return badRequest("the request body must be a JSON object", nil)
 	}
-	if !depthWithin(trimmed, maxDepth) {
+	shallow, nul := scanJSON(trimmed, maxDepth)
+	if !shallow {
 		return badRequest(fmt.Sprintf("the request body nests deeper than %d levels", maxDepth), nil)
 	}
 	dec := json.NewDecoder(bytes.NewReader(trimmed))
@@ -64,6 +65,9 @@ func decodeJSON(body []byte, maxDepth int, v any) error {
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return badRequest("the request body has data after its JSON object", err)
+	}
+	if nul {
+		return badRequest(`a string in the request body contains \u0000 (NUL), which cannot be stored`, nil)
 	}
 	return nil
 }
@@ -112,17 +116,23 @@ func badRequest(msg string, cause error) *framework.Error {
 	return &framework.Error{Code: framework.CodeBadRequest, Message: msg, Err: cause}
 }
 
-// depthWithin reports whether the objects and arrays of the JSON text b
-// nest at most max deep. It only counts brackets outside strings; whether b
-// is valid JSON is the decoder's business.
-func depthWithin(b []byte, maxDepth int) bool {
+// scanJSON reports whether the objects and arrays of the JSON text b nest
+// at most maxDepth deep, and whether a string in b holds the escape \u0000
+// (a NUL, which Postgres stores neither in text nor in jsonb). It only counts
+// brackets outside strings; whether b is valid JSON is the decoder's
+// business.
+func scanJSON(b []byte, maxDepth int) (shallow, nul bool) {
 	depth := 0
 	inString, escaped := false, false
-	for _, ch := range b {
+	for i := 0; i < len(b); i++ {
+		ch := b[i]
 		if inString {
 			switch {
 			case escaped:
 				escaped = false
+				if ch == 'u' && len(b) > i+4 && string(b[i+1:i+5]) == "0000" {
+					nul = true
+				}
 			case ch == '\\':
 				escaped = true
 			case ch == '"':
@@ -136,11 +146,11 @@ func depthWithin(b []byte, maxDepth int) bool {
 		case '{', '[':
 			depth++
 			if depth > maxDepth {
-				return false
+				return false, nul
 			}
 		case '}', ']':
 			depth--
 		}
 	}
-	return true
+	return true, nul
 }

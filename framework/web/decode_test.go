@@ -11,23 +11,32 @@ import (
 	"github.com/kumiko-go/kumiko/framework"
 )
 
-func TestDepthWithin(t *testing.T) {
+func TestScanJSON(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		in   string
-		max  int
-		want bool
+		in      string
+		max     int
+		shallow bool
+		nul     bool
 	}{
-		{`{}`, 1, true},
-		{`{"a":{}}`, 1, false},
-		{`{"a":[1,{"b":2}]}`, 3, true},
-		{`{"a":[1,{"b":[]}]}`, 3, false},
-		{`{"a":"[[[[{{{{"}`, 1, true},
-		{`{"a":"\"[[[["}`, 1, true},
-		{`{"a":"\\","b":[[]]}`, 2, false},
-		{`{"a":"\\","b":[]}`, 2, true},
+		{`{}`, 1, true, false},
+		{`{"a":{}}`, 1, false, false},
+		{`{"a":[1,{"b":2}]}`, 3, true, false},
+		{`{"a":[1,{"b":[]}]}`, 3, false, false},
+		{`{"a":"[[[[{{{{"}`, 1, true, false},
+		{`{"a":"\"[[[["}`, 1, true, false},
+		{`{"a":"\\","b":[[]]}`, 2, false, false},
+		{`{"a":"\\","b":[]}`, 2, true, false},
+		{`{"a":"x\u0000y"}`, 1, true, true},
+		{`{"a\u0000":1}`, 1, true, true},
+		{`{"a":"\\u0000"}`, 1, true, false}, // an escaped backslash, then the text u0000
+		{`{"a":"\u00001"}`, 1, true, true},
+		{`{"a":"\u0001\u000"}`, 1, true, false},
+		{`{"a":"\u`, 1, true, false},
 	} {
-		require.Equal(t, tc.want, depthWithin([]byte(tc.in), tc.max), tc.in)
+		shallow, nul := scanJSON([]byte(tc.in), tc.max)
+		require.Equal(t, tc.shallow, shallow, tc.in)
+		require.Equal(t, tc.nul, nul, tc.in)
 	}
 }
 
@@ -45,7 +54,9 @@ func FuzzDecodeJSON(f *testing.F) {
 		err := decodeJSON(body, 8, &req)
 		if err == nil {
 			require.True(t, json.Valid(body), "accepted invalid JSON %q", body)
-			require.True(t, depthWithin(body, 8))
+			shallow, nul := scanJSON(body, 8)
+			require.True(t, shallow)
+			require.False(t, nul, "accepted a NUL in %q", body)
 			var m map[string]json.RawMessage
 			require.NoError(t, json.Unmarshal(body, &m), "accepted a non-object %q", body)
 			return

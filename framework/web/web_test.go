@@ -295,6 +295,12 @@ func TestRejected(t *testing.T) {
 	message := func(sub string) check {
 		return func(t *testing.T, _ response, env envelope) { t.Helper(); require.Contains(t, env.Error.Message, sub) }
 	}
+	smallerThan := func(n int) check {
+		return func(t *testing.T, res response, _ envelope) {
+			t.Helper()
+			require.Less(t, len(res.body), n, "a %d-byte answer", len(res.body))
+		}
+	}
 	header := func(name, sub string) check {
 		return func(t *testing.T, res response, _ envelope) {
 			t.Helper()
@@ -330,6 +336,10 @@ func TestRejected(t *testing.T) {
 			404, "not_found", []check{knownTypes("orders:query:get")}},
 		{"query of a write type", request{path: "/api/query", token: tok, body: map[string]any{"type": "orders:write:place"}},
 			404, "not_found", nil},
+		// The answer repeats 200 bytes of the type, not the client's
+		// megabyte (each DEL would cost five bytes, quoted and escaped).
+		{"unknown type of a megabyte", request{path: "/api/write", token: tok, body: map[string]any{"type": strings.Repeat("\x7f:", 250_000)}},
+			404, "not_found", []check{smallerThan(2000), message("unknown write type")}},
 
 		// Envelope decoding.
 		{"malformed json", request{path: "/api/write", token: tok, body: `{"type": "orders:write:place", "payload": {"customer": }}`},
@@ -344,6 +354,11 @@ func TestRejected(t *testing.T) {
 			400, "bad_request", []check{message("JSON object")}},
 		{"trailing data", request{path: "/api/write", token: tok, body: `{"type": "orders:write:place"} {}`},
 			400, "bad_request", []check{message("after")}},
+		// Postgres stores a NUL neither in text nor in jsonb.
+		{"NUL in a payload string", request{path: "/api/write", token: tok, body: `{"type":"orders:write:place","payload":{"customer":"A\u0000B"}}`},
+			400, "bad_request", []check{message("NUL")}},
+		{"NUL in a batch", request{path: "/api/batch", token: tok, body: `{"commands":[{"type":"orders:write:place","payload":{"customer":"\u0000"}}]}`},
+			400, "bad_request", []check{message("NUL")}},
 		{"unknown top-level field", request{path: "/api/write", token: tok, body: map[string]any{"type": "orders:write:place", "extra": 1}},
 			400, "bad_request", []check{message(`"extra"`)}},
 		{"type not a string", request{path: "/api/write", token: tok, body: `{"type": 5}`},
