@@ -53,6 +53,20 @@ type Config struct {
 	// host:port. Defaults to ":8081".
 	WorkerHTTPAddr string
 
+	// HTTPReadTimeout bounds reading one request, headers and body, read
+	// from HTTP_READ_TIMEOUT_MS as a positive integer number of
+	// milliseconds: a client that stalls or trickles its request is cut off.
+	// Headers must arrive within 10s (or this timeout, if shorter). It does
+	// not bound a handler once the body is read. Defaults to 30s.
+	HTTPReadTimeout time.Duration
+
+	// HTTPIdleTimeout is how long a keep-alive connection may sit idle
+	// between requests before the server closes it, read from
+	// HTTP_IDLE_TIMEOUT_MS as a positive integer number of milliseconds.
+	// Behind a load balancer, keep it above the balancer's own idle timeout.
+	// Defaults to 120s.
+	HTTPIdleTimeout time.Duration
+
 	// DatabaseURL is the PostgreSQL connection string of the primary, read
 	// from DATABASE_URL, as a URL or in keyword/value form. It is required
 	// and must be accepted by [pgxpool.ParseConfig].
@@ -161,6 +175,8 @@ const (
 	defaultMode                   = ModeAllInOne
 	defaultHTTPAddr               = ":8080"
 	defaultWorkerHTTPAddr         = ":8081"
+	defaultHTTPReadTimeout        = 30000 * time.Millisecond
+	defaultHTTPIdleTimeout        = 120000 * time.Millisecond
 	defaultDatabasePoolMax        = 10
 	defaultDatabasePoolIdle       = 30 * time.Second
 	defaultDatabasePoolConnect    = 5 * time.Second
@@ -217,6 +233,8 @@ func FromLookup(lookup func(string) (string, bool)) (*Config, error) {
 	c := &Config{Mode: l.mode("APP_MODE")}
 	c.HTTPAddr = l.addr("HTTP_ADDR", defaultHTTPAddr)
 	c.WorkerHTTPAddr = l.addr("WORKER_HTTP_ADDR", defaultWorkerHTTPAddr)
+	c.HTTPReadTimeout = l.millis("HTTP_READ_TIMEOUT_MS", defaultHTTPReadTimeout, false)
+	c.HTTPIdleTimeout = l.millis("HTTP_IDLE_TIMEOUT_MS", defaultHTTPIdleTimeout, false)
 	c.DatabaseURL, primary = l.databaseURL("DATABASE_URL", true)
 	c.DatabaseReadURL, replica = l.databaseURL("DATABASE_READ_URL", false)
 	poolMax := l.intRange("DATABASE_POOL_MAX", defaultDatabasePoolMax, 1, maxDatabasePoolMax)

@@ -222,7 +222,7 @@ func New(ctx context.Context, opts Options) (_ *App, err error) {
 		if opts.Routes != nil {
 			opts.Routes(a.web)
 		}
-		a.httpSrv = &http.Server{Addr: cfg.HTTPAddr, Handler: a.web.Handler(), ReadHeaderTimeout: 10 * time.Second}
+		a.httpSrv = web.NewHTTPServer(cfg.HTTPAddr, a.web.Handler(), cfg.HTTPReadTimeout, cfg.HTTPIdleTimeout)
 	case config.ModeWorker:
 		if a.disp == nil {
 			return nil, errors.New("entrypoint: worker has nothing to run: no consumers for runIn worker/both")
@@ -230,7 +230,7 @@ func New(ctx context.Context, opts Options) (_ *App, err error) {
 		e := echo.New()
 		e.HideBanner, e.HidePort = true, true
 		a.mountHealth(e)
-		a.httpSrv = &http.Server{Addr: cfg.WorkerHTTPAddr, Handler: e, ReadHeaderTimeout: 10 * time.Second}
+		a.httpSrv = web.NewHTTPServer(cfg.WorkerHTTPAddr, e, cfg.HTTPReadTimeout, cfg.HTTPIdleTimeout)
 	}
 	return a, nil
 }

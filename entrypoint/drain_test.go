@@ -1,9 +1,12 @@
 package entrypoint_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"syscall"
@@ -267,4 +270,60 @@ func (r readiness) check(name string) struct {
 		}
 	}
 	panic("no check " + name)
+}
+
+// TestStalledClientsAreCutOff: with HTTP_READ_TIMEOUT_MS set, a client
+// that stalls in its request body is answered and disconnected, with or
+// without a token; an SSE stream outlives the read timeout; and SIGTERM
+// with a stalled client connected still drains at once and exits 0.
+func TestStalledClientsAreCutOff(t *testing.T) {
+	t.Parallel()
+	db := kumikotest.NewDB(t)
+	rds := jobstest.StartRedis(t)
+	p := start(t, "read timeout", procEnv("all-in-one", db.URL, rds.URL, "read-timeout-1",
+		"HTTP_READ_TIMEOUT_MS", "300", "HTTP_IDLE_TIMEOUT_MS", "300"))
+	p.waitReady(t)
+	s, err := openStream(t, p.url, "acme", "", "")
+	require.NoError(t, err)
+	opened := time.Now()
+
+	body := `{"type":"orders:write:place","payload":{"customer":"stalled","amountCents":1}}`
+	stall := func(auth string) (net.Conn, *bufio.Reader) {
+		conn, err := (&net.Dialer{}).DialContext(t.Context(), "tcp", strings.TrimPrefix(p.url, "http://"))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = conn.Close() })
+		_, err = fmt.Fprintf(conn, "POST /api/write HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n%sContent-Length: %d\r\n\r\n%s",
+			auth, len(body), body[:10])
+		require.NoError(t, err)
+		require.NoError(t, conn.SetReadDeadline(time.Now().Add(5*time.Second)))
+		return conn, bufio.NewReader(conn)
+	}
+	answered := func(r *bufio.Reader, status int) {
+		res, err := http.ReadResponse(r, nil)
+		require.NoError(t, err, "no answer")
+		_, _ = io.Copy(io.Discard, res.Body)
+		_ = res.Body.Close()
+		require.Equal(t, status, res.StatusCode)
+		_, err = r.ReadByte()
+		require.ErrorIs(t, err, io.EOF, "the connection stays open")
+	}
+	_, r := stall("Authorization: Bearer " + token(t, "acme") + "\r\n")
+	answered(r, http.StatusBadRequest)
+	_, r = stall("")
+	answered(r, http.StatusUnauthorized)
+
+	// The stream has been open for more than two read timeouts and still
+	// delivers.
+	time.Sleep(time.Until(opened.Add(700 * time.Millisecond)))
+	p.place(t, "acme", "after")
+	require.Equal(t, "orders:event:placed", s.waitFor(t, 1)[0].Type)
+	var orders int
+	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM orders WHERE customer = 'stalled'`).Scan(&orders))
+	require.Zero(t, orders)
+
+	stall("")
+	start := time.Now()
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	require.Equal(t, 0, p.waitExit(t, wait))
+	require.Less(t, time.Since(start), 5*time.Second)
 }

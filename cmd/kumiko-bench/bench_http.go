@@ -36,9 +36,16 @@ func serveHTTP(ctx context.Context, h http.Handler) (url string, stop func(), er
 	if err != nil {
 		return "", nil, err
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	srv := benchHTTPServer(h)
 	go func() { _ = srv.Serve(ln) }()
 	return "http://" + ln.Addr().String(), func() { _ = srv.Close() }, nil
+}
+
+// benchHTTPServer is the server of every HTTP benchmark, the framework's
+// and the baselines': kumiko serve's, with the default HTTP_READ_TIMEOUT_MS
+// and HTTP_IDLE_TIMEOUT_MS.
+func benchHTTPServer(h http.Handler) *http.Server {
+	return web.NewHTTPServer("", h, 30*time.Second, 2*time.Minute)
 }
 
 // postOK posts body to path as worker w of lc and fails on anything but

@@ -144,7 +144,7 @@ func rdServe(ctx context.Context, rt *framework.Runtime, store *idempotency.Stor
 	if wrap != nil {
 		h = wrap(h)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	srv := benchHTTPServer(h)
 	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err

@@ -267,3 +267,25 @@ func newID() string {
 	}
 	return id.String()
 }
+
+// HeaderTimeout bounds reading a request's headers in servers made by
+// [NewHTTPServer].
+const HeaderTimeout = 10 * time.Second
+
+// NewHTTPServer returns the http.Server that serves h on addr: a request's
+// headers must arrive within [HeaderTimeout] (or readTimeout, if shorter)
+// and its body within readTimeout, so a client that stalls or trickles
+// cannot hold a connection (nor a graceful shutdown), even on a route that
+// answers without reading the body; a keep-alive connection idle for
+// idleTimeout is closed. The deadline bounds the reading only: net/http
+// lifts it once the body is read (or at once without a body), so a long
+// request or an SSE stream runs on.
+func NewHTTPServer(addr string, h http.Handler, readTimeout, idleTimeout time.Duration) *http.Server {
+	return &http.Server{
+		Addr:              addr,
+		Handler:           h,
+		ReadHeaderTimeout: min(HeaderTimeout, readTimeout),
+		ReadTimeout:       readTimeout,
+		IdleTimeout:       idleTimeout,
+	}
+}
