@@ -2,6 +2,7 @@ package jobs_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -210,4 +211,43 @@ func TestHandledOnceUnderDuplicateDeliveries(t *testing.T) {
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM effects`))
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM handled WHERE key = 'mail:welcome'`))
 	require.Equal(t, float64(12), metric(t, b, "kumiko_jobs_succeeded_total", "job", "test:job:mail"))
+}
+
+type noteInput struct {
+	Note string `json:"note"`
+}
+
+// TestDispatchBlankRawPayloadRunsWithZeroInput: a raw payload of nothing
+// but whitespace is the zero input, like an empty one. Dispatch used to
+// paste it into the task as it was (an invalid task, archived at once
+// without a tenant) and DispatchTx failed to encode its event; both now
+// enqueue a valid task that runs.
+func TestDispatchBlankRawPayloadRunsWithZeroInput(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(b *bundle) {
+		jobs.Manual[noteInput](b.f, "note", nil, func(ctx context.Context, jc *jobs.Context, in noteInput) error {
+			return insertRun(ctx, jc, jc.Job, "note:"+in.Note, "")
+		})
+	})
+	r := b.runner(t, nil)
+	b.dispatch(t, r.Consumer())
+	ctx := context.Background()
+
+	_, err := r.Client().Dispatch(ctx, "test:job:note", json.RawMessage(" \n"), &jobs.DispatchOptions{TenantID: "acme"})
+	require.NoError(t, err)
+	_, err = r.Client().Dispatch(ctx, "test:job:note", json.RawMessage("\t{\"note\":\"padded\"} \n"), &jobs.DispatchOptions{TenantID: "acme"})
+	require.NoError(t, err)
+	_, err = b.rt.InTx(ctx, "globex", framework.Metadata{}, func(ctx context.Context, tx *framework.Tx) error {
+		return jobs.For(b.reg).DispatchTx(ctx, tx, "test:job:note", json.RawMessage("\r\n "), nil)
+	})
+	require.NoError(t, err)
+
+	eventually(t, "three runs", func() bool { return b.count(t, `SELECT count(*) FROM runs`) >= 3 })
+	drained(t, r.Inspector())
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM runs WHERE tenant_id = 'acme' AND ref = 'note:'`))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM runs WHERE tenant_id = 'acme' AND ref = 'note:padded'`))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM runs WHERE tenant_id = 'globex' AND ref = 'note:'`))
+	archived, err := r.Inspector().List(ctx, nil)
+	require.NoError(t, err)
+	require.Empty(t, archived)
 }

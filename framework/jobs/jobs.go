@@ -1,6 +1,7 @@
 package jobs
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -112,7 +113,7 @@ type Job struct {
 	// errUndecodable.
 	run func(ctx context.Context, jc *Context, payload []byte) error
 	// check validates a manual payload before it is enqueued and returns
-	// its JSON.
+	// its JSON, nil for none (the zero input).
 	check func(payload any) (json.RawMessage, error)
 }
 
@@ -422,6 +423,13 @@ func Manual[T any](f *framework.Feature, name string, opts *Options, h Handler[T
 		var in T
 		if err := framework.DecodePayload(raw, &in); err != nil {
 			return nil, err
+		}
+		// DecodePayload takes a blank payload for the zero input, but the
+		// task embeds the bytes as they are: whitespace around a value is
+		// dropped, and a blank payload becomes no payload (the zero input),
+		// so that the task is always valid JSON.
+		if raw = bytes.TrimSpace(raw); len(raw) == 0 {
+			return nil, nil
 		}
 		return raw, nil
 	}

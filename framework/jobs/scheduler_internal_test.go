@@ -1,10 +1,14 @@
 package jobs
 
 import (
+	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/kumiko-go/kumiko/framework"
 )
 
 func TestScheduleTicksAreTheSameInEveryProcess(t *testing.T) {
@@ -47,4 +51,28 @@ func TestTaskIDsAreDerivedFromTheTrigger(t *testing.T) {
 	require.Equal(t, keyTaskID("x:job:y", "acme", "k"), keyTaskID("x:job:y", "acme", "k"))
 	require.NotEqual(t, keyTaskID("x:job:y", "acme", "k"), keyTaskID("x:job:y", "globex", "k"))
 	require.NotEqual(t, keyTaskID("x:job:y", "acme", "k"), keyTaskID("x:job:y", "acm", "ek"))
+}
+
+// TestManualTaskPayloadIsAlwaysValidJSON: whatever raw payload passes a
+// manual job's check, the task built from it is valid JSON carrying the
+// tenant; a blank payload is no payload.
+func TestManualTaskPayloadIsAlwaysValidJSON(t *testing.T) {
+	t.Parallel()
+	type input struct {
+		Note string `json:"note"`
+	}
+	f := framework.NewRegistry().Feature("test")
+	m := Manual[input](f, "note", nil, func(context.Context, *Context, input) error { return nil })
+	for _, raw := range []string{"", " ", " \n", "\t\r\n", "null", " null ", "{}", ` {"note":"x"} `, "\n{}\n"} {
+		p, err := m.job.check(json.RawMessage(raw))
+		require.NoError(t, err, "%q", raw)
+		task, err := newTask(m.job, &wire{Tenant: "acme", Payload: p}, nil)
+		require.NoError(t, err, "%q", raw)
+		require.True(t, json.Valid(task.Payload()), "%q became the task %q", raw, task.Payload())
+		w, err := decodeWire(task.Payload())
+		require.NoError(t, err, "%q", raw)
+		require.Equal(t, "acme", w.Tenant)
+	}
+	_, err := m.job.check(json.RawMessage(" {"))
+	require.Error(t, err)
 }
