@@ -113,3 +113,105 @@ func TestSkipRetryArchivesAtOnce(t *testing.T) {
 	require.Equal(t, int64(1), attempts.Load())
 	require.Equal(t, float64(2), metric(t, b, "kumiko_jobs_archived_total"))
 }
+
+// TestListShowsTheNewestArchivedRunsFirst: with more archived runs than the
+// limit, List returns the newest ones across every queue (asynq lists an
+// archive oldest first, and a queue's newest may sit on the page before
+// its last), newest first; a tenant filter finds the oldest run too.
+func TestListShowsTheNewestArchivedRunsFirst(t *testing.T) {
+	t.Parallel()
+	fail := func(ctx context.Context, jc *jobs.Context, in noteInput) error {
+		return fmt.Errorf("run %s fails: %w", in.Note, jobs.SkipRetry)
+	}
+	b := setup(t, func(b *bundle) {
+		jobs.Manual[noteInput](b.f, "fail", nil, fail)
+		jobs.Manual[noteInput](b.f, "fail-high", &jobs.Options{Priority: jobs.PriorityHigh}, fail)
+	})
+	r := b.runner(t, &jobs.Config{Lanes: jobs.Lanes, Concurrency: 20})
+	in := r.Inspector()
+	ctx := context.Background()
+	dispatch := func(job, tenant, note string) string {
+		id, err := r.Client().Dispatch(ctx, job, noteInput{Note: note}, &jobs.DispatchOptions{TenantID: tenant})
+		require.NoError(t, err)
+		return id
+	}
+	archived := func(n int) {
+		eventually(t, fmt.Sprint(n, " archived runs"), func() bool {
+			l, err := in.List(ctx, &jobs.ListOptions{Limit: 1000})
+			require.NoError(t, err)
+			return len(l) == n
+		})
+	}
+
+	// The old runs: 99 in the default queue (the first of another tenant),
+	// 3 in the high one.
+	globex := dispatch("test:job:fail", "globex", "old-globex")
+	for i := range 98 {
+		dispatch("test:job:fail", "acme", fmt.Sprint("old-", i))
+	}
+	for i := range 3 {
+		dispatch("test:job:fail-high", "acme", fmt.Sprint("old-high-", i))
+	}
+	archived(102)
+	// Archive times are in seconds: the new runs fail in a later one.
+	time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second)))
+	newest := []string{
+		dispatch("test:job:fail-high", "acme", "new-high"),
+		dispatch("test:job:fail", "acme", "new-0"),
+		dispatch("test:job:fail", "acme", "new-1"),
+	}
+	archived(105)
+
+	l, err := in.List(ctx, &jobs.ListOptions{Limit: 3})
+	require.NoError(t, err)
+	ids := make([]string, len(l))
+	for k, ti := range l {
+		ids[k] = ti.ID
+	}
+	require.ElementsMatch(t, newest, ids)
+	all, err := in.List(ctx, nil)
+	require.NoError(t, err)
+	require.Len(t, all, 50, "the default limit")
+	require.ElementsMatch(t, newest, []string{all[0].ID, all[1].ID, all[2].ID})
+	require.True(t, all[2].LastFailedAt.After(all[3].LastFailedAt), "the new runs failed after the old ones")
+	for k := 1; k < len(all); k++ {
+		require.False(t, all[k].LastFailedAt.After(all[k-1].LastFailedAt), "newest first: %v", all)
+	}
+
+	l, err = in.List(ctx, &jobs.ListOptions{TenantID: "globex", Limit: 5})
+	require.NoError(t, err)
+	require.Len(t, l, 1)
+	require.Equal(t, globex, l[0].ID)
+}
+
+// TestListShowsRetryRunsSoonestDueFirst: runs waiting for a retry are
+// listed by when they are due, across priority queues.
+func TestListShowsRetryRunsSoonestDueFirst(t *testing.T) {
+	t.Parallel()
+	fail := func(ctx context.Context, jc *jobs.Context, in noteInput) error {
+		return fmt.Errorf("run %s fails", in.Note)
+	}
+	b := setup(t, func(b *bundle) {
+		jobs.Manual[noteInput](b.f, "later", &jobs.Options{Priority: jobs.PriorityHigh, Backoff: func(int) time.Duration { return 2 * time.Hour }}, fail)
+		jobs.Manual[noteInput](b.f, "sooner", &jobs.Options{Priority: jobs.PriorityLow, Backoff: func(int) time.Duration { return time.Hour }}, fail)
+	})
+	r := b.runner(t, nil)
+	in := r.Inspector()
+	ctx := context.Background()
+	later, err := r.Client().Dispatch(ctx, "test:job:later", noteInput{Note: "later"}, nil)
+	require.NoError(t, err)
+	sooner, err := r.Client().Dispatch(ctx, "test:job:sooner", noteInput{Note: "sooner"}, nil)
+	require.NoError(t, err)
+	eventually(t, "two runs waiting for a retry", func() bool {
+		l, err := in.List(ctx, &jobs.ListOptions{State: jobs.StateRetry})
+		require.NoError(t, err)
+		return len(l) == 2
+	})
+	l, err := in.List(ctx, &jobs.ListOptions{State: jobs.StateRetry, Limit: 1})
+	require.NoError(t, err)
+	require.Len(t, l, 1)
+	require.Equal(t, sooner, l[0].ID)
+	l, err = in.List(ctx, &jobs.ListOptions{State: jobs.StateRetry})
+	require.NoError(t, err)
+	require.Equal(t, []string{sooner, later}, []string{l[0].ID, l[1].ID})
+}

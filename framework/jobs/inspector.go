@@ -102,8 +102,16 @@ type ListOptions struct {
 // scanLimit bounds how many runs per queue List reads while filtering.
 const scanLimit = 10000
 
-// List returns runs in one state, newest failures first for archived runs.
-// An unknown state or lane is an error naming the accepted ones.
+// pageSize is how many runs List reads per Redis round trip.
+const pageSize = 100
+
+// List returns up to Limit runs in one state across the selected lanes and
+// their priority queues: archived runs newest failure first, retry and
+// scheduled runs soonest due first; pending, active and completed runs
+// queue by queue (highest priority first), each queue oldest first. With a
+// TenantID, at most 10000 runs per queue are scanned for the tenant's. An
+// unknown state or lane, or a limit out of range, is an error naming the
+// accepted values.
 func (i *Inspector) List(ctx context.Context, opts *ListOptions) ([]TaskInfo, error) {
 	var o ListOptions
 	if opts != nil {
@@ -121,38 +129,109 @@ func (i *Inspector) List(ctx context.Context, opts *ListOptions) ([]TaskInfo, er
 	if o.Limit < 1 || o.Limit > 1000 {
 		return nil, fmt.Errorf("jobs: limit %d is not between 1 and 1000", o.Limit)
 	}
-	list := i.lister(o.State)
+	known, err := i.in.Queues()
+	if err != nil {
+		return nil, fmt.Errorf("jobs: queues: %w", err)
+	}
+	// Archived, retry and scheduled runs are ordered across queues: each
+	// queue yields its first Limit runs in that order, then they are
+	// merged. The others are listed queue after queue.
+	merged := o.State == StateArchived || o.State == StateRetry || o.State == StateScheduled
 	out := []TaskInfo{}
 	for _, lane := range lanes {
 		for _, q := range i.queues(lane) {
-			for page := 1; (page-1)*100 < scanLimit && len(out) < o.Limit; page++ {
-				if err := ctx.Err(); err != nil {
-					return nil, err
-				}
-				infos, err := list(q, asynq.Page(page), asynq.PageSize(100))
-				if errors.Is(err, asynq.ErrQueueNotFound) {
-					break
-				}
-				if err != nil {
-					return nil, fmt.Errorf("jobs: list %s: %w", q, err)
-				}
-				for _, ti := range infos {
-					t := toTaskInfo(lane, ti)
-					if o.TenantID == "" || t.TenantID == o.TenantID {
-						out = append(out, t)
-					}
-					if len(out) == o.Limit {
-						break
-					}
-				}
-				if len(infos) < 100 {
-					break
-				}
+			want := o.Limit
+			if !merged {
+				want -= len(out)
 			}
+			if want == 0 || !slices.Contains(known, q) {
+				continue
+			}
+			var runs []TaskInfo
+			if o.State == StateArchived {
+				runs, err = i.listNewestArchived(ctx, lane, q, o.TenantID, want)
+			} else {
+				runs, err = i.listInOrder(ctx, lane, q, i.lister(o.State), o.TenantID, want)
+			}
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, runs...)
 		}
 	}
-	if o.State == StateArchived {
+	switch o.State {
+	case StateArchived:
 		slices.SortStableFunc(out, func(a, b TaskInfo) int { return b.LastFailedAt.Compare(a.LastFailedAt) })
+	case StateRetry, StateScheduled:
+		slices.SortStableFunc(out, func(a, b TaskInfo) int { return a.NextProcessAt.Compare(b.NextProcessAt) })
+	}
+	return out[:min(len(out), o.Limit)], nil
+}
+
+// listInOrder returns up to want runs of queue q (of tenant, if not "") in
+// asynq's order: oldest first for lists, lowest score first for sets.
+func (i *Inspector) listInOrder(ctx context.Context, lane framework.RunIn, q string, list func(string, ...asynq.ListOption) ([]*asynq.TaskInfo, error), tenant string, want int) ([]TaskInfo, error) {
+	var out []TaskInfo
+	for page := 1; (page-1)*pageSize < scanLimit && len(out) < want; page++ {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		infos, err := list(q, asynq.Page(page), asynq.PageSize(pageSize))
+		if errors.Is(err, asynq.ErrQueueNotFound) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("jobs: list %s: %w", q, err)
+		}
+		for _, ti := range infos {
+			if t := toTaskInfo(lane, ti); tenant == "" || t.TenantID == tenant {
+				out = append(out, t)
+			}
+			if len(out) == want {
+				break
+			}
+		}
+		if len(infos) < pageSize {
+			break
+		}
+	}
+	return out, nil
+}
+
+// listNewestArchived returns up to want archived runs of queue q (of
+// tenant, if not ""), newest first. asynq lists the archive (a set scored
+// by archive time) oldest first, in pages counted from the oldest, so the
+// pages are read from the last one back.
+func (i *Inspector) listNewestArchived(ctx context.Context, lane framework.RunIn, q, tenant string, want int) ([]TaskInfo, error) {
+	qi, err := i.in.GetQueueInfo(q)
+	if err != nil {
+		return nil, fmt.Errorf("jobs: queue %s: %w", q, err)
+	}
+	var out []TaskInfo
+	// A run retried or deleted meanwhile shifts the later ones a place
+	// back, which can show one twice.
+	seen := map[string]bool{}
+	scanned := 0
+	for page := (qi.Archived + pageSize - 1) / pageSize; page >= 1 && scanned < scanLimit && len(out) < want; page-- {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		infos, err := i.in.ListArchivedTasks(q, asynq.Page(page), asynq.PageSize(pageSize))
+		if errors.Is(err, asynq.ErrQueueNotFound) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("jobs: list %s: %w", q, err)
+		}
+		scanned += pageSize
+		for k := len(infos) - 1; k >= 0 && len(out) < want; k-- {
+			t := toTaskInfo(lane, infos[k])
+			if seen[t.ID] || (tenant != "" && t.TenantID != tenant) {
+				continue
+			}
+			seen[t.ID] = true
+			out = append(out, t)
+		}
 	}
 	return out, nil
 }
