@@ -349,7 +349,13 @@ func OnEvent[T any](f *framework.Feature, name string, ev framework.EventType[T]
 // spec: a five-field cron expression ("0 3 * * *"), a descriptor
 // ("@hourly", "@daily"), or "@every <duration>" (at least one second; ticks
 // are aligned to multiples of the duration since the Unix epoch). The time
-// zone is opts.Location, or a "CRON_TZ=<zone> " prefix. Every worker process
+// zone is opts.Location, or a "CRON_TZ=<zone> " prefix. Where the zone
+// changes its offset (daylight saving time), a spec at fixed times of day
+// (neither the minute nor the hour field a wildcard, or a descriptor from
+// @daily up) behaves like Vixie cron's: a time the clock skips ticks when
+// it jumps (a daily "30 2 * * *" in Europe/Berlin at 03:00 on the
+// spring-forward day), and a time it repeats ticks once, the first time;
+// other specs, @hourly and @every tick on real time. Every worker process
 // runs the scheduler; each tick is enqueued with a task id derived from the
 // job and the tick's time, so the job runs once per tick however many
 // workers there are. An invalid spec is a registration problem.

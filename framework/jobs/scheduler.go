@@ -52,7 +52,103 @@ func parseSchedule(spec string, loc *time.Location) (schedule, error) {
 	if !strings.HasPrefix(spec, "CRON_TZ=") && !strings.HasPrefix(spec, "TZ=") {
 		ss.Location = loc
 	}
-	return ss, nil
+	if !fixedTime(spec) {
+		return ss, nil
+	}
+	onWall := *ss
+	onWall.Location = time.UTC
+	return wallSchedule{spec: &onWall, loc: ss.Location}, nil
+}
+
+// fixedTime reports whether a cron spec runs at particular times of day:
+// neither its minute nor its hour field is a wildcard ('*', "*/n", '?'),
+// or it is a descriptor of a day or longer (@daily, @midnight, @weekly,
+// @monthly, @yearly, @annually; @hourly is "0 * * * *", a wildcard).
+// These are the specs Vixie cron shields from daylight saving time
+// changes (see [wallSchedule]).
+func fixedTime(spec string) bool {
+	spec = strings.TrimSpace(spec)
+	if strings.HasPrefix(spec, "CRON_TZ=") || strings.HasPrefix(spec, "TZ=") {
+		_, spec, _ = strings.Cut(spec, " ")
+		spec = strings.TrimSpace(spec)
+	}
+	switch spec {
+	case "@daily", "@midnight", "@weekly", "@monthly", "@yearly", "@annually":
+		return true
+	}
+	f := strings.Fields(spec)
+	wild := func(field string) bool { return strings.HasPrefix(field, "*") || strings.HasPrefix(field, "?") }
+	return len(f) == 5 && !wild(f[0]) && !wild(f[1])
+}
+
+// wallSchedule is a fixed-time cron spec in a zone that may change its
+// offset, ticking by the zone's wall clock as Vixie cron does (cron(8)): a
+// time a spring-forward gap skips ticks at the first instant after the
+// gap, and a time a fall-back repeats ticks once, at its first occurrence.
+// So a daily "30 2 * * *" in Europe/Berlin ticks once on both days, and
+// every other tick is the instant robfig/cron computes. Ticks are instants,
+// so the times a gap skips and a time at its end make one tick (where
+// Vixie cron would run "0,30 2 * * *" twice at 03:00, this runs once). Ticks stay a
+// function of the spec and the zone alone, so every process computes the
+// same ones, and the same task ids.
+type wallSchedule struct {
+	spec *cron.SpecSchedule // the spec in UTC, which has no gaps: wall-clock arithmetic
+	loc  *time.Location
+}
+
+// Next returns the first tick after t, in t's location (the zero time when
+// the spec never fires again).
+func (s wallSchedule) Next(t time.Time) time.Time {
+	// The ticks are firstAt(w) for every wall-clock time w the spec
+	// matches. firstAt never decreases as w grows, and it is at or before
+	// t for every w at or before t's own wall clock, so the next tick is
+	// the first match after t's wall clock whose firstAt is after t; only
+	// the matches in a repeated hour that t already passed are skipped.
+	w := wallClock(t, s.loc)
+	for {
+		if w = s.spec.Next(w); w.IsZero() {
+			return w
+		}
+		if at := firstAt(w, s.loc); at.After(t) {
+			return at.In(t.Location())
+		}
+	}
+}
+
+// wallClock returns the wall-clock time of t in loc as a UTC time.
+func wallClock(t time.Time, loc *time.Location) time.Time {
+	t = t.In(loc)
+	return time.Date(t.Year(), t.Month(), t.Day(), t.Hour(), t.Minute(), t.Second(), t.Nanosecond(), time.UTC)
+}
+
+// firstAt returns the first instant whose wall clock in loc reaches w (a
+// wall-clock time as a UTC time): the earlier of the two when a fall-back
+// repeats w, the end of the gap when a spring-forward skips it.
+func firstAt(w time.Time, loc *time.Location) time.Time {
+	// time.Date leaves unspecified which instant it picks for a repeated
+	// or skipped wall clock, so both cases are checked.
+	u := time.Date(w.Year(), w.Month(), w.Day(), w.Hour(), w.Minute(), w.Second(), w.Nanosecond(), loc)
+	start, end := u.ZoneBounds()
+	switch wall := wallClock(u, loc); {
+	case wall.Equal(w):
+		// A repeated w reads the same under the offset of the zone
+		// period before u's.
+		if !start.IsZero() {
+			_, off := start.Add(-time.Second).Zone()
+			if e := w.Add(-time.Duration(off) * time.Second); e.Before(start) && wallClock(e, loc).Equal(w) {
+				return e.In(loc)
+			}
+		}
+		return u
+	case wall.After(w):
+		// w is in a gap, and u after it: the gap ends where u's zone
+		// period starts.
+		return start
+	default:
+		// w is in a gap, and u before it: the gap ends where u's zone
+		// period ends.
+		return end
+	}
 }
 
 // runCron enqueues j at every tick until ctx ends.
