@@ -87,9 +87,9 @@ func fixedTime(spec string) bool {
 // gap, and a time a fall-back repeats ticks once, at its first occurrence.
 // So a daily "30 2 * * *" in Europe/Berlin ticks once on both days, and
 // every other tick is the instant robfig/cron computes. Ticks are instants,
-// so the times a gap skips and a time at its end make one tick (where
-// Vixie cron would run "0,30 2 * * *" twice at 03:00, this runs once). Ticks stay a
-// function of the spec and the zone alone, so every process computes the
+// so the times a gap skips and a time at its end make one tick (where Vixie
+// cron would run "0,30 2 * * *" twice at 03:00, this runs once). Ticks stay
+// a function of the spec and the zone alone, so every process computes the
 // same ones, and the same task ids.
 type wallSchedule struct {
 	spec *cron.SpecSchedule // the spec in UTC, which has no gaps: wall-clock arithmetic
