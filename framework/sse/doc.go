@@ -61,6 +61,6 @@
 // The entrypoint builds one hub per API or all-in-one process, adds
 // [Hub.Consumer] (ConsumerName, per-instance delivery) to the dispatcher,
 // calls [Hub.Prime] before the dispatcher starts, mounts [Hub.Mount] on the
-// web server and calls [Hub.Close] when draining, so that open streams end
-// cleanly before the HTTP server shuts down.
+// web server and calls [Hub.Close] when draining, so that open streams, live
+// or still replaying, end before the HTTP server shuts down.
 package sse

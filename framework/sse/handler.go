@@ -88,23 +88,7 @@ func (h *Hub) Serve(c echo.Context) error {
 	hd.Set(echo.HeaderConnection, "close")
 	w.WriteHeader(http.StatusOK)
 	st := &stream{h: h, sub: sub, w: w, rc: rc, last: after}
-	if err := st.write([]byte("retry: " + strconv.FormatInt(h.cfg.Retry.Milliseconds(), 10) + "\n\n")); err != nil {
-		return nil
-	}
-	if resume {
-		if err := h.replay(ctx, p.TenantID, filter, after, sub.from, st); err != nil {
-			if ctx.Err() == nil && !errors.Is(err, errWrite) {
-				h.log.Warn("sse replay failed", "tenant_id", p.TenantID, "request_id", web.RequestID(c), "error", err)
-			}
-			return nil // the response has started: end it; the client resumes
-		}
-	}
-	// Everything up to the subscription's position is sent (replayed) or
-	// not wanted (a fresh client): from here on the hub's frames count.
-	if st.last.Less(sub.from) {
-		st.last = sub.from
-	}
-	st.live(ctx)
+	st.run(ctx, c, p.TenantID, filter, resume)
 	select {
 	case <-sub.gone: // dropped: the deadline already cuts the connection
 	default:
@@ -112,6 +96,30 @@ func (h *Hub) Serve(c echo.Context) error {
 		_ = rc.SetWriteDeadline(time.Now().Add(h.cfg.WriteTimeout))
 	}
 	return nil
+}
+
+// run writes the stream (the retry hint, the replay when resuming, then
+// live frames) until the client goes away, the hub drops it, the hub
+// closes, or replay fails; the response has started, so whatever ends it,
+// the handler just ends the response and the client resumes.
+func (s *stream) run(ctx context.Context, c echo.Context, tenant string, f Filter, resume bool) {
+	if err := s.write([]byte("retry: " + strconv.FormatInt(s.h.cfg.Retry.Milliseconds(), 10) + "\n\n")); err != nil {
+		return
+	}
+	if resume {
+		if err := s.h.replay(ctx, tenant, f, s.last, s.sub.from, s); err != nil {
+			if ctx.Err() == nil && !errors.Is(err, errWrite) && !errors.Is(err, ErrClosed) {
+				s.h.log.Warn("sse replay failed", "tenant_id", tenant, "request_id", web.RequestID(c), "error", err)
+			}
+			return
+		}
+	}
+	// Everything up to the subscription's position is sent (replayed) or
+	// not wanted (a fresh client): from here on the hub's frames count.
+	if s.last.Less(s.sub.from) {
+		s.last = s.sub.from
+	}
+	s.live(ctx)
 }
 
 // waitReady waits for Prime, bounded by ReadyWait.
@@ -190,11 +198,18 @@ func (h *Hub) inTenant(ctx context.Context, tenant string, fn func(db eventstore
 // replay writes the tenant's events after cursor up to and including upTo
 // (the hub's position when the client subscribed), page by page, each page
 // in its own short tenant-scoped read. Every event up to upTo is final and
-// below the horizon; the later ones reach the client through the hub.
+// below the horizon; the later ones reach the client through the hub. It
+// stops with ErrClosed when the hub closes (a large backlog read by a slow
+// client must not outlast the drain).
 func (h *Hub) replay(ctx context.Context, tenant string, f Filter, after, upTo eventstore.Cursor, st *stream) error {
 	for {
 		if !after.Less(upTo) {
 			return nil
+		}
+		select {
+		case <-h.done:
+			return ErrClosed
+		default:
 		}
 		var recs []eventstore.Record
 		err := h.inTenant(ctx, tenant, func(db eventstore.DB) error {
@@ -245,16 +260,15 @@ type stream struct {
 }
 
 // write sends the parts and flushes, bounded by WriteTimeout. The parts go
-// straight into the connection's own buffer (no copy per client). A write
-// that timed out drops the client (counted); any other failure (the client
-// left) just ends the stream.
+// straight into the connection's own buffer (no copy per client). After
+// Close it writes nothing and returns ErrClosed; a write in progress when
+// the hub closes is cut (see [Hub.Close]). A write that timed out drops the
+// client (counted); any other failure (the client left, or Close cut it)
+// just ends the stream.
 func (s *stream) write(parts ...[]byte) error {
-	select {
-	case <-s.sub.gone:
-		return errWrite
-	default:
+	if err := s.begin(); err != nil {
+		return err
 	}
-	_ = s.rc.SetWriteDeadline(time.Now().Add(s.h.cfg.WriteTimeout))
 	var err error
 	for _, p := range parts {
 		if _, err = s.w.Write(p); err != nil {
@@ -264,14 +278,35 @@ func (s *stream) write(parts ...[]byte) error {
 	if err == nil {
 		err = s.rc.Flush()
 	}
+	s.sub.wmu.Lock()
+	s.sub.writing = false
+	s.sub.wmu.Unlock()
 	if err != nil {
-		if errors.Is(err, os.ErrDeadlineExceeded) {
+		if errors.Is(err, os.ErrDeadlineExceeded) && !s.h.isClosed() {
 			s.h.drop(s.sub)
 		} else {
 			s.h.unsubscribe(s.sub)
 		}
 		return errWrite
 	}
+	return nil
+}
+
+// begin starts a write: it fails when the client was dropped or the hub
+// closed, and otherwise marks the subscriber as writing and sets the write's
+// deadline, both before a drop or Close can look (see subscriber.wmu).
+func (s *stream) begin() error {
+	s.sub.wmu.Lock()
+	defer s.sub.wmu.Unlock()
+	select {
+	case <-s.sub.gone:
+		return errWrite
+	case <-s.h.done:
+		return ErrClosed
+	default:
+	}
+	s.sub.writing = true
+	_ = s.rc.SetWriteDeadline(time.Now().Add(s.h.cfg.WriteTimeout))
 	return nil
 }
 

@@ -225,6 +225,16 @@ func (h *Hub) Position() eventstore.Cursor {
 	return h.last
 }
 
+// isClosed reports whether Close was called.
+func (h *Hub) isClosed() bool {
+	select {
+	case <-h.done:
+		return true
+	default:
+		return false
+	}
+}
+
 // Clients returns the number of connected clients.
 func (h *Hub) Clients() int {
 	h.mu.Lock()
@@ -232,17 +242,27 @@ func (h *Hub) Clients() int {
 	return h.count
 }
 
-// Close ends every stream cleanly (the handlers return, so the HTTP server
-// can shut down), refuses new ones with 503 and stops the hub's fan-out
-// goroutine, which [New] started. Call it when done with the hub; it is
+// Close ends every stream (the handlers return, so the HTTP server can shut
+// down), refuses new ones with 503 and stops the hub's fan-out goroutine,
+// which [New] started. A stream ends before its next write, whether it is
+// live or still replaying a backlog, and ends its response normally; a write
+// in progress (a client that is slow to read) is cut at once instead of
+// holding the shutdown up for Config.WriteTimeout, so that client sees a
+// truncated response. Either way a client resumes elsewhere from the last
+// complete frame it got. Call Close when done with the hub; it is
 // idempotent.
 func (h *Hub) Close() {
 	h.closeOnce.Do(func() {
 		h.mu.Lock()
 		h.closed = true
 		h.space.Broadcast()
-		h.mu.Unlock()
 		close(h.done)
+		for _, set := range h.tenants {
+			for s := range set {
+				s.cutWrite()
+			}
+		}
+		h.mu.Unlock()
 	})
 	<-h.fanDone
 }
@@ -267,6 +287,12 @@ type subscriber struct {
 	gone chan struct{}
 	// kill cuts a blocked write short; set before the subscriber is added.
 	kill func()
+	// wmu orders a write's start (its check of gone and the hub's done, and
+	// its deadline) against the drop or Close that cuts it: a write either
+	// sees it and does not start, or has started and is cut.
+	wmu sync.Mutex
+	// writing is true while the handler writes (on wmu).
+	writing bool
 	// from is the hub's position when the client subscribed: the client
 	// gets every later event through its queue (and maybe some earlier
 	// ones still being fanned out, which the handler skips).
@@ -433,8 +459,21 @@ func (h *Hub) dropLocked(s *subscriber) {
 		return
 	}
 	h.dropped.Inc()
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
 	close(s.gone)
 	if s.kill != nil {
+		s.kill()
+	}
+}
+
+// cutWrite cuts the subscriber's write in progress, if any (Close: the hub's
+// done is closed already, so no later write starts). A subscriber that is
+// not writing keeps its connection usable to end its response normally.
+func (s *subscriber) cutWrite() {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	if s.writing && s.kill != nil {
 		s.kill()
 	}
 }

@@ -2,6 +2,7 @@ package sse_test
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,6 +12,8 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -379,3 +382,140 @@ func TestPrimeStartsAtHorizon(t *testing.T) {
 	// A redelivery (a pass whose commit failed) is ignored by the hub.
 	require.True(t, pos.Less(b.hub.Position()))
 }
+
+// TestCloseDuringReplay: Close ends streams that are still replaying a
+// large backlog at once, as it ends live ones, so the process's drain is not
+// held up. Two clients resume from the first of 200 events of 40 KB, read
+// five at a time: one reads slowly (about 400 KB/s, so its replay would take
+// some 20 s) and must stop getting pages; the other never reads, so its
+// handler sits in a blocked write, which must be cut rather than waited for
+// until the write timeout (a minute here). Neither counts as dropped, and
+// what the slow one got is a prefix of the log, short of the backlog.
+func TestCloseDuringReplay(t *testing.T) {
+	t.Parallel()
+	const (
+		n      = 200
+		prompt = 10 * time.Second // Close's effect, with room for a loaded machine
+	)
+	b := setup(t, &sse.Config{ReplayBatch: 5, WriteTimeout: time.Minute})
+	big := strings.Repeat("x", 40<<10)
+	for i := range n {
+		b.note(t, "acme", "memo", i, big)
+	}
+	log := b.logOf(t, "acme")
+	require.Len(t, log, n)
+	last, err := sse.ParseEventID(log[n-1])
+	require.NoError(t, err)
+	// Subscribed from here on, both clients get the whole backlog by replay.
+	eventually(t, "hub past the backlog", func() bool { return !b.hub.Position().Less(last) })
+	dial := func() net.Conn {
+		// A small receive buffer, set before connecting so that the
+		// window is small from the start (shrinking it later stalls TCP).
+		d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+			var serr error
+			err := c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+			return cmp.Or(err, serr)
+		}}
+		conn, err := d.Dial("tcp", strings.TrimPrefix(b.url, "http://"))
+		require.NoError(t, err)
+		t.Cleanup(func() { conn.Close() })
+		_, err = fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer %s\r\n%s: %s\r\n\r\n",
+			sse.Path, b.token(t, "acme"), sse.HeaderLastEventID, log[0])
+		require.NoError(t, err)
+		return conn
+	}
+
+	// The stuck client: its handler fills the socket buffers (8 MB of
+	// backlog is more than they hold) and blocks in a write.
+	stuck := dial()
+	eventually(t, "stuck client connected", func() bool { return b.hub.Clients() == 1 })
+	sent := -1.0
+	eventually(t, "stuck client's write blocked", func() bool {
+		prev := sent
+		sent = b.metric(t, "kumiko_sse_events_sent_total")
+		if sent == prev && sse.Writing(b.hub) == 1 {
+			return true
+		}
+		time.Sleep(300 * time.Millisecond)
+		return false
+	})
+	require.Less(t, sent, float64(n-1), "the stuck client got the whole backlog")
+
+	// The slow client: 4 KB per read, one read per 10 ms, until Close took
+	// effect; then as fast as it can, to its end.
+	slowConn := dial()
+	var fast atomic.Bool
+	rd := bufio.NewReader(readerFunc(func(p []byte) (int, error) {
+		if !fast.Load() {
+			time.Sleep(10 * time.Millisecond)
+			p = p[:min(len(p), 4096)]
+		}
+		return slowConn.Read(p)
+	}))
+	var (
+		mu     sync.Mutex
+		got    []string
+		endErr error
+	)
+	slowDone := make(chan struct{})
+	go func() {
+		defer close(slowDone)
+		resp, err := http.ReadResponse(rd, nil)
+		if err == nil {
+			defer resp.Body.Close()
+			r := sse.NewReader(resp.Body)
+			for {
+				var ev sse.Event
+				if ev, err = r.Next(); err != nil {
+					break
+				}
+				mu.Lock()
+				got = append(got, ev.ID)
+				mu.Unlock()
+			}
+		}
+		mu.Lock()
+		endErr = err
+		mu.Unlock()
+	}()
+	received := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(got)
+	}
+	eventually(t, "slow client replaying", func() bool { return received() >= 5 })
+
+	b.hub.Close()
+	closed := time.Now()
+	for b.hub.Clients() > 0 {
+		require.Less(t, time.Since(closed), prompt, "%d streams still open after Close; the slow client got %d events",
+			b.hub.Clients(), received())
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("streams ended %s after Close; the slow client had %d of %d events", time.Since(closed), received(), n-1)
+	fast.Store(true)
+	select {
+	case <-slowDone:
+	case <-time.After(wait):
+		t.Fatal("the slow client's response did not end")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("the slow client got %d events in all, then %v", len(got), endErr)
+	// io.EOF: ended between frames; io.ErrUnexpectedEOF: its write was cut.
+	require.True(t, errors.Is(endErr, io.EOF) || errors.Is(endErr, io.ErrUnexpectedEOF), "slow client ended with %v", endErr)
+	require.Less(t, len(got), n-1, "the slow client got the whole backlog")
+	require.Equal(t, log[1:1+len(got)], got, "the slow client got a prefix of the replay")
+	require.Zero(t, b.metric(t, "kumiko_sse_dropped_clients_total"), "Close is not a drop")
+
+	// The stuck connection was closed by the server, not left open.
+	require.NoError(t, stuck.SetReadDeadline(time.Now().Add(wait)))
+	_, err = io.Copy(io.Discard, stuck)
+	var ne net.Error
+	require.False(t, errors.As(err, &ne) && ne.Timeout(), "the stuck connection was not closed")
+}
+
+// readerFunc adapts a function to io.Reader.
+type readerFunc func(p []byte) (int, error)
+
+func (f readerFunc) Read(p []byte) (int, error) { return f(p) }
