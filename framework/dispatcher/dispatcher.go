@@ -53,8 +53,9 @@ type Config struct {
 	// HeartbeatInterval is how often per-instance rows are touched, lag is
 	// measured and stale rows are removed. Defaults to 10s.
 	HeartbeatInterval time.Duration
-	// StaleInstanceAfter removes per-instance rows silent for this long.
-	// Defaults to 10m.
+	// StaleInstanceAfter removes per-instance rows silent for this long. A
+	// process that is still running when its rows are removed re-creates
+	// them at the cursors it last committed. Defaults to 10m.
 	StaleInstanceAfter time.Duration
 	// NotifyInterval is the minimum gap between two coalesced NOTIFYs.
 	// Defaults to 5ms.
@@ -95,6 +96,37 @@ type consumerRun struct {
 	// transientStreak counts consecutive transient failures (the backoff
 	// exponent for errors that do not count as attempts).
 	transientStreak atomic.Int32
+	// mu guards known.
+	mu sync.Mutex
+	// known is the state row as this process last read or committed it:
+	// what a per-instance row removed under the running process is
+	// re-created from (see recreate).
+	known knownState
+}
+
+// knownState is what a process remembers of its consumer's state row.
+type knownState struct {
+	ok       bool
+	cursor   eventstore.Cursor
+	disabled bool
+}
+
+// remember records the state row's cursor (and status, when given).
+func (c *consumerRun) remember(cur eventstore.Cursor, status string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.known.ok = true
+	c.known.cursor = cur
+	if status != "" {
+		c.known.disabled = status == "disabled"
+	}
+}
+
+// knownRow returns what remember recorded.
+func (c *consumerRun) knownRow() knownState {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.known
 }
 
 // New validates the consumers and returns a dispatcher. It fails on the
@@ -208,7 +240,8 @@ const registerSQL = `INSERT INTO event_consumers (name, instance_id, event_types
 SELECT $1, $2, $3,
        CASE WHEN $4 THEN ((pg_snapshot_xmin(pg_current_snapshot())::text::numeric - 1)::text)::xid8 ELSE '0'::xid8 END,
        CASE WHEN $4 THEN 9223372036854775807 ELSE 0 END
-ON CONFLICT (name, instance_id) DO UPDATE SET event_types = EXCLUDED.event_types, heartbeat_at = now()`
+ON CONFLICT (name, instance_id) DO UPDATE SET event_types = EXCLUDED.event_types, heartbeat_at = now()
+RETURNING cursor_commit_key, cursor_position, status`
 
 // Register creates every consumer's state row (cursor at the start of the
 // log, or at its head for StartAtHead) before any pass runs, so that a prune
@@ -216,7 +249,15 @@ ON CONFLICT (name, instance_id) DO UPDATE SET event_types = EXCLUDED.event_types
 func (d *Dispatcher) Register(ctx context.Context) error {
 	b := &pgx.Batch{}
 	for _, c := range d.consumers {
-		b.Queue(registerSQL, c.Name, c.instance, c.EventTypes, c.StartAtHead)
+		b.Queue(registerSQL, c.Name, c.instance, c.EventTypes, c.StartAtHead).QueryRow(func(r pgx.Row) error {
+			var cur eventstore.Cursor
+			var status string
+			if err := r.Scan(&cur.CommitKey, &cur.Position, &status); err != nil {
+				return err
+			}
+			c.remember(cur, status)
+			return nil
+		})
 	}
 	if err := d.pool.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("dispatcher: register consumers: %w", err)
@@ -347,7 +388,7 @@ func (d *Dispatcher) RunOnce(ctx context.Context, name string) (int, error) {
 
 const (
 	lockSQL  = `SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))`
-	stateSQL = `SELECT status, attempts, failed_position, next_attempt_at, now()
+	stateSQL = `SELECT status, attempts, failed_position, next_attempt_at, now(), cursor_commit_key, cursor_position
 FROM event_consumers WHERE name = $1 AND instance_id = $2`
 	// batchSQL reads after the consumer's cursor, below the horizon taken in
 	// this same statement.
@@ -392,6 +433,7 @@ type consumerState struct {
 	failedPosition *int64
 	nextAttemptAt  *time.Time
 	now            time.Time
+	cursor         eventstore.Cursor
 }
 
 // begin opens a pass transaction: BEGIN, the try-lock, the state row and
@@ -407,7 +449,8 @@ func (d *Dispatcher) begin(ctx context.Context, conn *pgx.Conn, c *consumerRun, 
 	b.Queue(stateSQL, c.Name, c.instance).Query(func(rows pgx.Rows) error {
 		for rows.Next() {
 			found = true
-			if err := rows.Scan(&st.status, &st.attempts, &st.failedPosition, &st.nextAttemptAt, &st.now); err != nil {
+			if err := rows.Scan(&st.status, &st.attempts, &st.failedPosition, &st.nextAttemptAt, &st.now,
+				&st.cursor.CommitKey, &st.cursor.Position); err != nil {
 				return err
 			}
 		}
@@ -434,9 +477,57 @@ func (d *Dispatcher) begin(ctx context.Context, conn *pgx.Conn, c *consumerRun, 
 		return false, st, nil, false, fmt.Errorf("read batch: %w", err)
 	}
 	if !found {
-		return locked, st, nil, false, fmt.Errorf("consumer %s/%s has no state row", c.Name, c.instance)
+		return locked, st, nil, false, fmt.Errorf("consumer %s/%s has %w", c.Name, c.instance, errNoStateRow)
 	}
+	c.remember(st.cursor, st.status)
 	return locked, st, recs, invisible, nil
+}
+
+// errNoStateRow marks a pass that found no state row for its consumer.
+var errNoStateRow = errors.New("no state row")
+
+// recreateSQL puts back a state row that was removed under a running
+// process; a row that exists meanwhile (re-registered, or re-created by a
+// concurrent pass) is kept.
+const recreateSQL = `INSERT INTO event_consumers (name, instance_id, event_types, cursor_commit_key, cursor_position, status)
+VALUES ($1, $2, $3, $4, $5, $6)
+ON CONFLICT (name, instance_id) DO NOTHING`
+
+// recreate puts back the state row of a per-instance consumer that another
+// process removed while this one runs: the stale sweep removes the rows of
+// an instance whose heartbeats did not reach the database for
+// StaleInstanceAfter, which happens to a live process whose connections
+// failed for that long. Without its row the consumer could never run
+// again (its in-process state, such as the SSE hub, would silently stop
+// receiving events until a restart). The row comes back at the cursor this
+// process last read or committed, so no event is skipped and none applied
+// twice (beyond the usual redelivery of a pass whose commit outcome was
+// unknown), and disabled if it was; the attempts of a failing event start
+// over. Events retention pruned meanwhile (the removed row no longer held
+// them back) are gone. A process that never saw its row (not registered
+// yet) registers it instead.
+func (d *Dispatcher) recreate(ctx context.Context, c *consumerRun) error {
+	k := c.knownRow()
+	if !k.ok {
+		if _, err := d.pool.Exec(ctx, registerSQL, c.Name, c.instance, c.EventTypes, c.StartAtHead); err != nil {
+			return fmt.Errorf("dispatcher: %s: register removed state row: %w", c.Name, err)
+		}
+		d.log.Warn("consumer state row re-created", "consumer", c.Name, "instance_id", c.instance, "cursor", "start")
+		return nil
+	}
+	status := "idle"
+	if k.disabled {
+		status = "disabled"
+	}
+	tag, err := d.pool.Exec(ctx, recreateSQL, c.Name, c.instance, c.EventTypes, k.cursor.CommitKey, k.cursor.Position, status)
+	if err != nil {
+		return fmt.Errorf("dispatcher: %s: re-create removed state row: %w", c.Name, err)
+	}
+	if tag.RowsAffected() > 0 {
+		d.log.Warn("consumer state row re-created", "consumer", c.Name, "instance_id", c.instance,
+			"cursor", k.cursor.String(), "status", status)
+	}
+	return nil
 }
 
 // pass runs one pass of c.
@@ -447,6 +538,14 @@ func (d *Dispatcher) pass(ctx context.Context, c *consumerRun) (passResult, erro
 	}
 	defer conn.Release()
 	res, failAt, failErr, err := d.attempt(ctx, conn.Conn(), c, c.BatchSize, nil, false)
+	if errors.Is(err, errNoStateRow) && c.instance != SharedInstance {
+		// Removed under this running process (see recreate): put it back
+		// and run the pass.
+		if err := d.recreate(ctx, c); err != nil {
+			return passResult{}, err
+		}
+		res, failAt, failErr, err = d.attempt(ctx, conn.Conn(), c, c.BatchSize, nil, false)
+	}
 	if errors.Is(err, errQueueFailed) {
 		// Which event's deferred statement failed is unknown: run the pass
 		// again with statements sent at once.
@@ -562,6 +661,7 @@ func (d *Dispatcher) attempt(ctx context.Context, conn *pgx.Conn, c *consumerRun
 		cur = apply[len(apply)-1].Cursor()
 	}
 	transient := f != nil && c.Transient != nil && c.Transient(f.err)
+	moved := true // the commit moves the cursor to cur
 	switch {
 	case f == nil:
 		b.Queue(advanceSQL, c.Name, c.instance, cur.CommitKey, cur.Position, len(apply))
@@ -571,6 +671,7 @@ func (d *Dispatcher) attempt(ctx context.Context, conn *pgx.Conn, c *consumerRun
 		cur = bad.Cursor()
 		b.Queue(advanceSQL, c.Name, c.instance, cur.CommitKey, cur.Position, len(apply))
 	default:
+		moved = len(apply) > 0
 		bad := recs[f.index]
 		attempts := 1
 		if st.failedPosition != nil && *st.failedPosition == bad.Position {
@@ -608,6 +709,9 @@ WHERE name = $1 AND instance_id = $2`, c.Name, c.instance, attempts, bad.Positio
 		return res, -1, nil, fmt.Errorf("commit pass: %w", err)
 	}
 	committed = true
+	if moved {
+		c.remember(cur, "")
+	}
 	if f == nil {
 		c.transientStreak.Store(0)
 	}

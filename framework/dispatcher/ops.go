@@ -555,7 +555,8 @@ const RemoveInstanceMinSilence = time.Minute
 // refuses [SharedInstance] and an empty id with an error, an instance
 // without rows with [ErrConsumerNotFound] (wrapped), and an instance whose
 // rows beat within [RemoveInstanceMinSilence] with [ErrInstanceAlive]
-// (wrapped).
+// (wrapped). A process of that instance that is in fact still running puts
+// its rows back on its next passes, at the cursors it last committed.
 func RemoveInstance(ctx context.Context, pool *pgxpool.Pool, instance string) (int, error) {
 	if instance == "" || instance == SharedInstance {
 		return 0, fmt.Errorf("dispatcher: remove instance: %q is not a per-instance id", instance)

@@ -3,14 +3,17 @@ package dispatcher_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kumiko-go/kumiko/framework"
 	"github.com/kumiko-go/kumiko/framework/dispatcher"
+	"github.com/kumiko-go/kumiko/internal/proctest"
 )
 
 func revivals(t *testing.T, b *bundle, name string) int {
@@ -89,4 +92,55 @@ func TestStaleInstanceRowsRemovedByHeartbeat(t *testing.T) {
 	require.Equal(t, 1, count(t, b, `SELECT count(*) FROM event_consumers WHERE instance_id = 'live'`))
 	require.Equal(t, 1, count(t, b, `SELECT count(*) FROM event_consumers WHERE instance_id = '__shared__'`), "shared rows are never removed")
 	require.Equal(t, 1, count(t, b, `SELECT count(*) FROM event_consumers WHERE instance_id = 'live' AND heartbeat_at > now() - interval '10 seconds'`))
+}
+
+// TestPerInstanceRowRemovedUnderLiveProcess: the stale sweep of another
+// process removes the per-instance row of a process that is alive but whose
+// heartbeats stopped reaching the database (a broken connection, a
+// partition). The live process re-creates the row at the cursor it last
+// committed and goes on: every event, including those committed while the
+// row was gone, is applied exactly once and in order (a row re-created at
+// the log's current head would skip them), with a warning logged.
+func TestPerInstanceRowRemovedUnderLiveProcess(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(b *bundle) {
+		recorder(b, "local", &framework.ProjectionOptions{Delivery: framework.DeliveryPerInstance})
+	})
+	ctx := context.Background()
+	const name = "test:local"
+	var logs proctest.Buffer
+	live := newDispatcher(t, b, &dispatcher.Config{InstanceID: "api-1",
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	b.write(t, "t1", 0, 5, 2)
+	drain(t, live, name, 5)
+	before := state(t, b, name, "api-1")
+
+	// Committed after the live process's last pass, before the removal.
+	b.write(t, "t1", 5, 5, 2)
+	b.db.WaitVisible(t)
+	// api-1's heartbeats stopped 11 minutes ago; api-2's sweep removes its row.
+	sweeper := newDispatcher(t, b, &dispatcher.Config{InstanceID: "api-2"})
+	_, err := b.db.Pool.Exec(ctx, `UPDATE event_consumers SET heartbeat_at = now() - interval '11 minutes' WHERE instance_id = 'api-1'`)
+	require.NoError(t, err)
+	sweeper.Heartbeat(ctx)
+	require.Zero(t, count(t, b, `SELECT count(*) FROM event_consumers WHERE instance_id = 'api-1'`), "the sweep removed the row")
+
+	// Committed while the row is gone.
+	b.write(t, "t1", 10, 5, 2)
+	drain(t, live, name, 10)
+
+	rows, err := b.db.Pool.Query(ctx, `SELECT n FROM seen WHERE consumer = 'local' ORDER BY ctid`)
+	require.NoError(t, err)
+	ns, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	require.NoError(t, err)
+	want := make([]int, 15)
+	for i := range want {
+		want[i] = i
+	}
+	require.Equal(t, want, ns, "every event once, in order")
+	after := state(t, b, name, "api-1")
+	require.Equal(t, "idle", after.status)
+	require.Less(t, before.position, after.position)
+	require.Equal(t, count(t, b, `SELECT max(position)::int FROM events`), int(after.position), "the row is at the last event")
+	require.Contains(t, logs.String(), "consumer state row re-created")
 }

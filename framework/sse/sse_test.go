@@ -519,3 +519,29 @@ func TestCloseDuringReplay(t *testing.T) {
 type readerFunc func(p []byte) (int, error)
 
 func (f readerFunc) Read(p []byte) (int, error) { return f(p) }
+
+// TestStateRowRemovedUnderRunningHub: another process's stale sweep
+// removes this instance's sse-broadcast row while the process runs (its
+// heartbeats did not reach the database for 10 minutes). The dispatcher
+// re-creates the row where the hub stands, so an open stream goes on
+// getting every event, without a gap or a duplicate, instead of only
+// heartbeats until a restart.
+func TestStateRowRemovedUnderRunningHub(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	c := b.connect(t, request{tenant: "acme"})
+	b.note(t, "acme", "memo", 1, "")
+	c.waitFor(t, 1)
+	ctx := context.Background()
+	var created time.Time
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `DELETE FROM event_consumers WHERE name = $1 RETURNING created_at`, sse.ConsumerName).Scan(&created))
+	for i := 2; i <= 4; i++ {
+		b.note(t, "acme", "memo", i, "")
+	}
+	require.Equal(t, b.logOf(t, "acme"), ids(c.waitFor(t, 4)))
+	var recreated time.Time
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT created_at FROM event_consumers WHERE name = $1`, sse.ConsumerName).Scan(&recreated))
+	require.True(t, recreated.After(created), "the row was re-created")
+	time.Sleep(100 * time.Millisecond)
+	require.Len(t, c.snapshot(), 4, "no duplicate")
+}
