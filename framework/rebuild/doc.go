@@ -48,7 +48,9 @@
 //
 // The new table copies the live table's columns, defaults, constraints,
 // indexes and comments (LIKE ... INCLUDING ALL) and Kumiko's tenancy
-// policies. It does not copy triggers, other policies, grants to other
+// policies; the sequences of serial columns stay the live table's, shared
+// by the new table's defaults, and pass to it at the swap (the numbering
+// goes on). It does not copy triggers, other policies, grants to other
 // roles, or foreign keys; views that depend on the live table make the swap
 // fail (DROP TABLE without CASCADE) and the rebuild is abandoned. The old
 // table is dropped in the swap transaction.

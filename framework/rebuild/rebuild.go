@@ -694,9 +694,19 @@ func (r *run) swapOnce(ctx context.Context, d *dispatcher.Dispatcher) (*Result, 
 	if st.status == "dead" {
 		return nil, r.failed(st)
 	}
+	owned, err := ownedSequences(ctx, tx, r.live)
+	if err != nil {
+		return nil, err
+	}
 	b := &pgx.Batch{}
+	for _, o := range owned {
+		b.Queue(`ALTER SEQUENCE ` + o.sequence + ` OWNED BY NONE`)
+	}
 	b.Queue(`DROP TABLE ` + r.live)
 	b.Queue(`ALTER TABLE ` + r.shadow + ` SET SCHEMA ` + pgx.Identifier{r.liveSchema}.Sanitize())
+	for _, o := range owned {
+		b.Queue(`ALTER SEQUENCE ` + o.sequence + ` OWNED BY ` + r.live + `.` + pgx.Identifier{o.column}.Sanitize())
+	}
 	b.Queue(`DROP SCHEMA ` + pgx.Identifier{r.schema}.Sanitize())
 	b.Queue(takeOverSQL, r.p.Name(), dispatcher.SharedInstance, r.p.EventTypes(), st.cursor.CommitKey, st.cursor.Position, st.processed)
 	b.Queue(`DELETE FROM event_consumers WHERE name = $1`, r.consumer)
@@ -708,6 +718,43 @@ func (r *run) swapOnce(ctx context.Context, d *dispatcher.Dispatcher) (*Result, 
 		return nil, fmt.Errorf("rebuild: swap: commit: %w", err)
 	}
 	return &Result{Projection: r.p.Name(), Table: r.live, Events: st.processed, Cursor: st.cursor}, nil
+}
+
+// ownedSequencesSQL lists the sequences owned by the columns of a table
+// (serial and bigserial columns; an identity column's sequence is its own,
+// and LIKE gives the shadow a new one).
+const ownedSequencesSQL = `SELECT d.objid::regclass::text, a.attname
+FROM pg_depend d
+JOIN pg_class s ON s.oid = d.objid AND s.relkind = 'S'
+JOIN pg_attribute a ON a.attrelid = d.refobjid AND a.attnum = d.refobjsubid
+WHERE d.classid = 'pg_class'::regclass AND d.refclassid = 'pg_class'::regclass
+  AND d.refobjid = $1::regclass AND d.deptype = 'a'
+ORDER BY a.attnum`
+
+// ownedSequence is a sequence a column owns.
+type ownedSequence struct {
+	sequence string // quoted, qualified as needed
+	column   string
+}
+
+// ownedSequences returns the sequences the columns of table own. The shadow
+// table's defaults draw from the same sequences (LIKE copies the
+// nextval() defaults), so the swap hands them over: dropping the live
+// table would otherwise drop them, which the shadow's defaults forbid.
+func ownedSequences(ctx context.Context, tx pgx.Tx, table string) ([]ownedSequence, error) {
+	rows, err := tx.Query(ctx, ownedSequencesSQL, table)
+	if err != nil {
+		return nil, fmt.Errorf("rebuild: swap: owned sequences: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ownedSequence, error) {
+		var o ownedSequence
+		err := r.Scan(&o.sequence, &o.column)
+		return o, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("rebuild: swap: owned sequences: %w", err)
+	}
+	return out, nil
 }
 
 // rollback ends a failed batch's transaction on conn; a connection that

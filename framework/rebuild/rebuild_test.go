@@ -581,3 +581,52 @@ func TestCancelDuringSwapCleansUp(t *testing.T) {
 	table, recount := b.tallyRows(t)
 	require.Equal(t, recount, table)
 }
+
+// A projection table with a serial column can be rebuilt: the new table's
+// default draws from the live table's sequence, which passes to it at the
+// swap (dropping the live table would otherwise drop the sequence the new
+// table's default needs), so the numbering goes on and the sequence still
+// belongs to the table.
+func TestRebuildTableWithSerialColumn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := kumikotest.NewDB(t)
+	reg := framework.NewRegistry()
+	f := reg.Feature("serial")
+	ev := framework.DefineEvent[counted](f, "counted", nil)
+	_, err := db.Pool.Exec(ctx, `
+		CREATE TABLE numbered (id bigserial PRIMARY KEY, tenant_id text NOT NULL, key text NOT NULL);
+		SELECT kumiko_enable_tenancy('numbered');
+		GRANT USAGE ON SEQUENCE numbered_id_seq TO kumiko_tenant`)
+	require.NoError(t, err)
+	p := framework.MultiStreamProjection(f, "numbered", &framework.ProjectionOptions{Table: "numbered"})
+	framework.On(p, ev, func(ctx context.Context, tx *framework.Tx, e framework.Event[counted]) error {
+		_, err := tx.Exec(ctx, `INSERT INTO numbered (tenant_id, key) VALUES ($1, $2)`, e.TenantID, e.Payload.Key)
+		return err
+	})
+	rt, err := framework.NewRuntime(reg, db.Pool, nil)
+	require.NoError(t, err)
+	for i := range 5 {
+		_, err := rt.InTx(ctx, "t1", framework.Metadata{}, func(ctx context.Context, tx *framework.Tx) error {
+			return tx.Append(framework.Stream{Type: "c", ID: "k"}, framework.AnyVersion, ev.With(counted{Key: fmt.Sprint("k", i), N: i}))
+		})
+		require.NoError(t, err)
+	}
+
+	res, err := rebuild.Rebuild(ctx, db.Pool, reg, "serial:numbered", nil)
+	require.NoError(t, err)
+	require.Equal(t, int64(5), res.Events)
+	var rows, maxID int64
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*), max(id) FROM numbered`).Scan(&rows, &maxID))
+	require.Equal(t, int64(5), rows)
+	var seq *string
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT pg_get_serial_sequence('numbered', 'id')`).Scan(&seq))
+	require.NotNil(t, seq, "the sequence no longer belongs to the table")
+	require.Equal(t, "public.numbered_id_seq", *seq)
+	var next int64
+	require.NoError(t, db.Pool.QueryRow(ctx, `INSERT INTO numbered (tenant_id, key) VALUES ('t1', 'after') RETURNING id`).Scan(&next))
+	require.Greater(t, next, maxID)
+	var schemas int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_namespace WHERE nspname = $1`, rebuild.ShadowSchema("serial:numbered")).Scan(&schemas))
+	require.Zero(t, schemas, "the shadow schema is left behind")
+}
