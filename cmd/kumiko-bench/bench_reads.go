@@ -379,7 +379,7 @@ func benchIdempotency(ctx context.Context, env *Env) ([]Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	s, err := rdServe(ctx, rt, store, workers, rdPingFirst(redisauto.Commands(rdb)))
+	s, err := rdServe(ctx, rt, store, workers, rdPingFirst(redisauto.New(rdb)))
 	if err != nil {
 		return nil, err
 	}
@@ -447,11 +447,15 @@ const headerBenchPing = "X-Bench-Redis-Ping"
 // rdPingFirst wraps a handler: a request carrying headerBenchPing first
 // PINGs Redis through cmd (the idempotency store's autopipeliner), a
 // round trip like a claim's but with no work in Redis.
-func rdPingFirst(cmd redis.Cmdable) func(http.Handler) http.Handler {
+func rdPingFirst(cmd *redisauto.Client) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if r.Header.Get(headerBenchPing) != "" {
-				if err := cmd.Ping(r.Context()).Err(); err != nil {
+				// Bounded like a claim (idempotency.Config.CallTimeout).
+				ctx, cancel := context.WithTimeout(r.Context(), idempotency.DefaultCallTimeout)
+				err := cmd.Do(ctx, redis.NewStatusCmd(ctx, "ping"))
+				cancel()
+				if err != nil {
 					http.Error(w, err.Error(), http.StatusServiceUnavailable)
 					return
 				}

@@ -29,9 +29,15 @@ const ConsumerName = "system:consumer:cache-invalidation"
 
 // Defaults of [Config].
 const (
-	DefaultPrefix   = "kumiko:cache"
-	DefaultCooldown = time.Second
+	DefaultPrefix      = "kumiko:cache"
+	DefaultCooldown    = time.Second
+	DefaultReadTimeout = 250 * time.Millisecond
 )
+
+// invalidateTimeout bounds an invalidation's Redis call: the consumer's
+// pass (a database transaction) waits for it, and retries it after a
+// failure.
+const invalidateTimeout = 5 * time.Second
 
 // Config tunes [New]. A nil *Config means the defaults.
 type Config struct {
@@ -40,6 +46,10 @@ type Config struct {
 	// Cooldown is how long the cache is bypassed after a Redis error.
 	// Defaults to 1s.
 	Cooldown time.Duration
+	// ReadTimeout bounds the Redis call of a lookup and of a fill: a Redis
+	// that does not answer within it counts as failed, the read goes to the
+	// database and the cooldown begins. Defaults to 250ms.
+	ReadTimeout time.Duration
 	// Logger receives Redis failures. Defaults to discarding.
 	Logger *slog.Logger
 	// Metrics registers kumiko_cache_hits_total, kumiko_cache_misses_total,
@@ -51,9 +61,10 @@ type Config struct {
 // Cache is the Redis entity cache. It is safe for concurrent use.
 type Cache struct {
 	// cmd sends the cache's commands (autopipelined, see redisauto).
-	cmd       redis.Cmdable
+	cmd       *redisauto.Client
 	prefix    string
 	cooldown  time.Duration
+	timeout   time.Duration
 	log       *slog.Logger
 	downUntil atomic.Int64 // unix nanos until which Redis is bypassed
 	m         metrics
@@ -74,9 +85,10 @@ func New(rdb redis.UniversalClient, cfg *Config) (*Cache, error) {
 		cfg = &Config{}
 	}
 	c := &Cache{
-		cmd:      redisauto.Commands(rdb),
+		cmd:      redisauto.New(rdb),
 		prefix:   cmp.Or(cfg.Prefix, DefaultPrefix),
 		cooldown: cmp.Or(max(cfg.Cooldown, 0), DefaultCooldown),
+		timeout:  cmp.Or(max(cfg.ReadTimeout, 0), DefaultReadTimeout),
 		log:      cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
 	}
 	vec := func(name, help string) *prometheus.CounterVec {
@@ -118,7 +130,14 @@ func (c *Cache) Lookup(ctx context.Context, tenant, query, key string) ([]byte, 
 		c.m.bypassed.WithLabelValues(query).Inc()
 		return nil, "", errBypassed
 	}
-	vals, err := c.cmd.HMGet(ctx, c.Key(tenant, query, key), "v", "g").Result()
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	cmd := redis.NewSliceCmd(ctx, "hmget", c.Key(tenant, query, key), "v", "g")
+	if err := c.cmd.Do(ctx, cmd); err != nil {
+		c.failed(query, "lookup", err)
+		return nil, "", fmt.Errorf("cache: lookup: %w", err)
+	}
+	vals, err := cmd.Result()
 	if err != nil {
 		c.failed(query, "lookup", err)
 		return nil, "", fmt.Errorf("cache: lookup: %w", err)
@@ -134,7 +153,7 @@ func (c *Cache) Lookup(ctx context.Context, tenant, query, key string) ([]byte, 
 
 // fillScript stores the value while the entity's stamp is the one the
 // lookup saw. KEYS[1] entity; ARGV stamp, value, ttl ms.
-var fillScript = redis.NewScript(`
+var fillScript = redisauto.NewScript(`
 local g = redis.call('HGET', KEYS[1], 'g') or ''
 if g ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'v', ARGV[2])
@@ -143,7 +162,9 @@ return 1`)
 
 // Fill implements [framework.QueryCacheStore].
 func (c *Cache) Fill(ctx context.Context, tenant, query, key, stamp string, value []byte, ttl time.Duration) error {
-	err := fillScript.Run(ctx, c.cmd, []string{c.Key(tenant, query, key)}, stamp, value, ttlMillis(ttl)).Err()
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	err := c.cmd.Run(ctx, fillScript, []string{c.Key(tenant, query, key)}, stamp, value, ttlMillis(ttl)).Err()
 	if err != nil {
 		c.failed(query, "fill", err)
 		return fmt.Errorf("cache: fill: %w", err)
@@ -153,7 +174,7 @@ func (c *Cache) Fill(ctx context.Context, tenant, query, key, stamp string, valu
 
 // invalidateScript drops the value and records the stamp. KEYS[1] entity;
 // ARGV stamp, ttl ms.
-var invalidateScript = redis.NewScript(`
+var invalidateScript = redisauto.NewScript(`
 redis.call('HDEL', KEYS[1], 'v')
 redis.call('HSET', KEYS[1], 'g', ARGV[1])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -165,7 +186,9 @@ return 1`)
 // could live. Unlike lookups it ignores the cooldown: an invalidation is
 // never skipped.
 func (c *Cache) Invalidate(ctx context.Context, tenant, query, key, stamp string, ttl time.Duration) error {
-	if err := invalidateScript.Run(ctx, c.cmd, []string{c.Key(tenant, query, key)}, stamp, ttlMillis(ttl)).Err(); err != nil {
+	ctx, cancel := context.WithTimeout(ctx, invalidateTimeout)
+	defer cancel()
+	if err := c.cmd.Run(ctx, invalidateScript, []string{c.Key(tenant, query, key)}, stamp, ttlMillis(ttl)).Err(); err != nil {
 		return fmt.Errorf("cache: invalidate %s: %w", query, err)
 	}
 	c.m.invalidations.Inc()

@@ -247,6 +247,37 @@ func TestRedisDownFallsBackToTheDatabase(t *testing.T) {
 	}, 10*time.Second, 50*time.Millisecond, "the cache works again once Redis is back")
 }
 
+// A Redis that stops answering (it takes the connection and the command,
+// and hangs) costs a cached read its ReadTimeout, not the client's read
+// timeouts and retries: the read goes to the database, and the reads after
+// it skip Redis for the cooldown.
+func TestHangingRedisFallsBackWithinTheReadTimeout(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	// kumiko serve's client settings: a 10 s read timeout, 3 retries.
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), DialTimeout: 5 * time.Second,
+		ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second, MaxRetries: 3})
+	t.Cleanup(func() { _ = rdb.Close() })
+	b := setup(t, rdb, false)
+	id := b.place(t, "acme", "Ada")
+	_, err := b.get(t, call("acme"), id)
+	require.NoError(t, err)
+
+	srv.Freeze()
+	defer srv.Thaw()
+	start := time.Now()
+	o, err := b.get(t, call("acme"), id)
+	require.NoError(t, err, "Redis hangs: the read goes to the database")
+	require.Equal(t, "Ada", o.Customer)
+	require.Less(t, time.Since(start), 2*time.Second, "the read waited for the client's timeouts")
+	require.InDelta(t, 1, b.cache.Stats().RedisErrors, 0)
+	start = time.Now()
+	_, err = b.get(t, call("acme"), id)
+	require.NoError(t, err)
+	require.Less(t, time.Since(start), 100*time.Millisecond)
+	require.InDelta(t, 1, b.cache.Stats().Bypassed, 0, "within the cooldown Redis is not asked")
+}
+
 func TestFillRacingAnInvalidationIsDropped(t *testing.T) {
 	t.Parallel()
 	c, err := cache.New(sharedRedis(t), &cache.Config{Prefix: "kumiko-test:cache:" + randomHex(6)})

@@ -18,9 +18,15 @@ type batcher[T any] struct {
 	running bool
 }
 
-// add queues item, starting the goroutine that runs batches if none runs.
-func (b *batcher[T]) add(item T) {
+// tryAdd queues item, starting the goroutine that runs batches if none
+// runs, unless limit items are queued already; it reports whether it
+// queued item.
+func (b *batcher[T]) tryAdd(item T, limit int) bool {
 	b.mu.Lock()
+	if len(b.queue) >= limit {
+		b.mu.Unlock()
+		return false
+	}
 	b.queue = append(b.queue, item)
 	start := !b.running
 	b.running = true
@@ -28,9 +34,10 @@ func (b *batcher[T]) add(item T) {
 	if start {
 		go b.loop()
 	}
+	return true
 }
 
-// hold makes add only queue until the returned release (tests).
+// hold makes tryAdd only queue until the returned release (tests).
 func (b *batcher[T]) hold() (release func()) {
 	b.mu.Lock()
 	b.running = true

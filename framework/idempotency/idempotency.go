@@ -30,6 +30,7 @@ const (
 	DefaultTTL         = 24 * time.Hour
 	DefaultLease       = 30 * time.Second
 	DefaultWaitTimeout = 10 * time.Second
+	DefaultCallTimeout = 2 * time.Second
 	// MaxKeyLength is the longest accepted key.
 	MaxKeyLength = 255
 )
@@ -62,6 +63,11 @@ type Config struct {
 	// WaitTimeout bounds how long [Store.Begin] waits for a concurrent
 	// owner of the same key. Defaults to 10s.
 	WaitTimeout time.Duration
+	// CallTimeout bounds each claim [Store.Begin] sends to Redis: a Redis
+	// that does not answer within it makes Begin fail with [ErrUnavailable]
+	// (the request does not run), and a claim that lands later is released.
+	// Defaults to 2s.
+	CallTimeout time.Duration
 	// Logger receives lost claims and renewal failures. Defaults to
 	// discarding.
 	Logger *slog.Logger
@@ -73,11 +79,12 @@ type Config struct {
 // Store is the Redis idempotency store. It is safe for concurrent use.
 type Store struct {
 	// cmd sends the store's commands (autopipelined, see redisauto).
-	cmd      redis.Cmdable
+	cmd      *redisauto.Client
 	prefix   string
 	ttl      time.Duration
 	lease    time.Duration
 	wait     time.Duration
+	call     time.Duration
 	log      *slog.Logger
 	replays  prometheus.Counter
 	reclaims prometheus.Counter
@@ -113,13 +120,14 @@ func New(rdb redis.UniversalClient, cfg *Config) (*Store, error) {
 		cfg = &Config{}
 	}
 	s := &Store{
-		cmd: redisauto.Commands(rdb),
+		cmd: redisauto.New(rdb),
 		// A cluster or ring spreads keys over nodes: one key per script.
 		batching: isSingleNode(rdb),
 		prefix:   cmp.Or(cfg.Prefix, DefaultPrefix),
 		ttl:      cmp.Or(max(cfg.TTL, 0), DefaultTTL),
 		lease:    cmp.Or(max(cfg.Lease, 0), DefaultLease),
 		wait:     cmp.Or(max(cfg.WaitTimeout, 0), DefaultWaitTimeout),
+		call:     cmp.Or(max(cfg.CallTimeout, 0), DefaultCallTimeout),
 		log:      cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
 		replays: prometheus.NewCounter(prometheus.CounterOpts{Name: "kumiko_idempotency_replays_total",
 			Help: "Keyed requests answered with the stored response of an earlier request."}),
@@ -198,7 +206,7 @@ type Response struct {
 }
 
 // claimScript: KEYS[1] record; ARGV owner, fingerprint, lease ms, ttl ms.
-var claimScript = redis.NewScript(`
+var claimScript = redisauto.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local r = redis.call('HMGET', KEYS[1], 'state', 'owner', 'fp', 'lease')
@@ -221,7 +229,7 @@ end
 return {'pending', tostring(lease - now)}`)
 
 // renewScript: KEYS[1] record; ARGV owner, lease ms.
-var renewScript = redis.NewScript(`
+var renewScript = redisauto.NewScript(`
 local r = redis.call('HMGET', KEYS[1], 'state', 'owner')
 if r[1] ~= 'pending' or r[2] ~= ARGV[1] then return 0 end
 local t = redis.call('TIME')
@@ -232,7 +240,7 @@ return 1`)
 // finishScript stores the responses of several records: KEYS the records;
 // ARGV ttl ms, then owner, status, header and body for each record. It
 // answers 1 (stored) or 0 (not the owner) for each record.
-var finishScript = redis.NewScript(`
+var finishScript = redisauto.NewScript(`
 local out = {}
 for i, key in ipairs(KEYS) do
   local a = 2 + (i - 1) * 4
@@ -249,7 +257,7 @@ end
 return out`)
 
 // releaseScript: KEYS[1] record; ARGV owner.
-var releaseScript = redis.NewScript(`
+var releaseScript = redisauto.NewScript(`
 local r = redis.call('HMGET', KEYS[1], 'state', 'owner')
 if r[1] ~= 'pending' or r[2] ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
@@ -270,7 +278,10 @@ func (s *Store) Begin(ctx context.Context, sc Scope, fp string) (*Claim, *Respon
 	deadline := time.Now().Add(s.wait)
 	pause := 5 * time.Millisecond
 	for {
-		res, err := claimScript.Run(ctx, s.cmd, []string{key}, owner, fp, s.lease.Milliseconds(), s.ttl.Milliseconds()).Slice()
+		cctx, cancel := context.WithTimeout(ctx, s.call)
+		res, err := s.cmd.RunThen(cctx, claimScript, []string{key}, s.releaseLate(key, owner),
+			owner, fp, s.lease.Milliseconds(), s.ttl.Milliseconds()).Slice()
+		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, nil, ctx.Err()
@@ -316,6 +327,23 @@ func (s *Store) Begin(ctx context.Context, sc Scope, fp string) (*Claim, *Respon
 	}
 }
 
+// releaseLate returns what to do with a claim answered after Begin stopped
+// waiting for it: release the key, if the claim took it, so that the
+// client's retry runs at once instead of after the lease.
+func (s *Store) releaseLate(key, owner string) func(*redis.Cmd) {
+	return func(cmd *redis.Cmd) {
+		res, err := cmd.Slice()
+		if err != nil || len(res) == 0 || (res[0] != "claimed" && res[0] != "reclaimed") {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
+		defer cancel()
+		if err := s.cmd.Run(ctx, releaseScript, []string{key}, owner).Err(); err != nil {
+			s.log.Warn("idempotency claim answered too late not released; its lease runs out", "owner", owner, "error", err)
+		}
+	}
+}
+
 func decodeResponse(f []any) (*Response, error) {
 	if len(f) != 3 {
 		return nil, errors.New("stored response is incomplete")
@@ -343,15 +371,17 @@ func newOwner() string {
 }
 
 // Claim is the ownership of one key. Its lease is renewed in the
-// background until [Claim.Finish] or [Claim.Release]; call one of them
-// exactly once.
+// background until [Claim.Finish] or [Claim.Release] (or the store of
+// [Claim.FinishAsync]) is done; call one of them exactly once.
 type Claim struct {
 	s        *Store
 	key      string
 	owner    string
 	previous string
-	// mu serialises a renewal with stopRenewal: a stopped claim is never
-	// renewed again, and stopRenewal waits for one in flight.
+	// mu guards timer and stopped: a stopped claim is not renewed again. A
+	// renewal already on its way to Redis is not waited for: the script
+	// only extends a pending claim of this owner, so once the claim is
+	// finished or released it changes nothing.
 	mu      sync.Mutex
 	timer   *time.Timer
 	stopped bool
@@ -376,13 +406,19 @@ func (c *Claim) PreviousOwner() string { return c.previous }
 // goroutine per claim: most requests finish long before the first one).
 func (c *Claim) renew() {
 	c.mu.Lock()
+	stopped := c.stopped
+	c.mu.Unlock()
+	if stopped {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.s.lease/3)
+	ok, err := c.s.cmd.Run(ctx, renewScript, []string{c.key}, c.owner, c.s.lease.Milliseconds()).Int()
+	cancel()
+	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.stopped {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), c.s.lease/3)
-	ok, err := renewScript.Run(ctx, c.s.cmd, []string{c.key}, c.owner, c.s.lease.Milliseconds()).Int()
-	cancel()
 	switch {
 	case err != nil:
 		c.s.log.Warn("idempotency lease renewal failed", "owner", c.owner, "error", err)
@@ -393,7 +429,8 @@ func (c *Claim) renew() {
 	c.timer.Reset(c.s.lease / 3)
 }
 
-// stopRenewal ends the renewals, waiting for one in flight.
+// stopRenewal ends the renewals (one already on its way is harmless, see
+// Claim.mu).
 func (c *Claim) stopRenewal() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -411,7 +448,7 @@ func isSingleNode(rdb redis.UniversalClient) bool {
 // finished ([ErrNotOwner]). A Redis failure is wrapped in [ErrUnavailable];
 // the key then stays pending until its lease runs out.
 func (c *Claim) Finish(ctx context.Context, r Response) error {
-	c.stopRenewal()
+	defer c.stopRenewal()
 	hdr, err := json.Marshal(r.Header)
 	if err != nil {
 		return fmt.Errorf("idempotency: encode header: %w", err)
@@ -448,19 +485,26 @@ const (
 	maxBatchBytes = 256 << 10
 )
 
+// maxQueued caps the responses waiting for a batch; beyond it FinishAsync
+// stores synchronously, so that a Redis slower than the requests holds
+// them back instead of growing the queue without bound.
+const maxQueued = 4096
+
 // FinishAsync is [Claim.Finish] done by the store in the background, so
 // that the caller can answer its client at once; done (when not nil) gets
 // Finish's error. Responses queued while a store is under way are stored
-// together, in one script call. [Store.Close] waits for them. A retry that
-// arrives before the response is stored waits for it like any duplicate.
-// After Close it runs synchronously.
+// together, in one script call. The lease is renewed until the response is
+// stored, so a retry that arrives meanwhile waits for it like any
+// duplicate, however long the store takes. [Store.Close] waits for them.
+// After Close, and while more than maxQueued responses wait, it runs
+// synchronously.
 func (c *Claim) FinishAsync(r Response, done func(error)) {
 	if done == nil {
 		done = func(error) {}
 	}
-	c.stopRenewal()
 	hdr, err := json.Marshal(r.Header)
 	if err != nil {
+		c.stopRenewal()
 		done(fmt.Errorf("idempotency: encode header: %w", err))
 		return
 	}
@@ -470,17 +514,24 @@ func (c *Claim) FinishAsync(r Response, done func(error)) {
 		s.mu.Unlock()
 		ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
 		defer cancel()
-		done(s.finishOne(ctx, c, r, hdr))
+		err := s.finishOne(ctx, c, r, hdr)
+		c.stopRenewal()
+		done(err)
 		return
 	}
 	s.finishing.Add(1)
 	s.mu.Unlock()
-	f := queuedFinish{c: c, r: r, header: hdr, done: func(err error) { done(err); s.finishing.Done() }}
-	if !s.batching {
+	f := queuedFinish{c: c, r: r, header: hdr, done: func(err error) {
+		c.stopRenewal()
+		done(err)
+		s.finishing.Done()
+	}}
+	switch {
+	case !s.batching:
 		go s.storeFinishesBounded([]queuedFinish{f})
-		return
+	case !s.finishes.tryAdd(f, maxQueued):
+		s.storeFinishesBounded([]queuedFinish{f})
 	}
-	s.finishes.add(f)
 }
 
 // storeFinishesBounded is storeFinishes within batchTimeout.
@@ -500,7 +551,7 @@ func (s *Store) storeFinishes(ctx context.Context, batch []queuedFinish) {
 		keys[i] = f.c.key
 		args = append(args, f.c.owner, f.r.Status, f.header, f.r.Body)
 	}
-	oks, err := finishScript.Run(ctx, s.cmd, keys, args...).Int64Slice()
+	oks, err := s.cmd.Run(ctx, finishScript, keys, args...).Int64Slice()
 	if err == nil && len(oks) != len(batch) {
 		err = fmt.Errorf("finish script answered %d of %d", len(oks), len(batch))
 	}
@@ -548,7 +599,7 @@ func (s *Store) Close(ctx context.Context) error {
 // It returns [ErrNotOwner] when the claim was taken over meanwhile.
 func (c *Claim) Release(ctx context.Context) error {
 	c.stopRenewal()
-	ok, err := releaseScript.Run(ctx, c.s.cmd, []string{c.key}, c.owner).Int()
+	ok, err := c.s.cmd.Run(ctx, releaseScript, []string{c.key}, c.owner).Int()
 	if err != nil {
 		return fmt.Errorf("%w: release: %w", ErrUnavailable, err)
 	}

@@ -481,3 +481,92 @@ func TestBatchedFinishes(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "newer", string(replay.Body), "the stale owner's queued response did not land")
 }
+
+// hangingRedis returns a private Redis with the client settings of
+// `kumiko serve` (10 s read timeout, 3 retries), a store on it with a short
+// CallTimeout, and the server, warmed up (connection open, scripts loaded).
+func hangingRedis(t *testing.T, cfg idempotency.Config) (*idempotency.Store, *redistest.Server) {
+	t.Helper()
+	srv := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), DialTimeout: 5 * time.Second,
+		ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second, MaxRetries: 3})
+	t.Cleanup(func() { _ = rdb.Close() })
+	cfg.CallTimeout = 300 * time.Millisecond
+	s, _ := newStore(t, rdb, cfg)
+	claim, _, err := s.Begin(t.Context(), scope("warm-up"), "fp")
+	require.NoError(t, err)
+	require.NoError(t, claim.Finish(t.Context(), response("ok")))
+	return s, srv
+}
+
+// A Redis that stops answering (not down: it takes the connection and the
+// command) makes a keyed request answer 503 within CallTimeout, not after
+// the client's read timeouts and retries; the claim it answers once it is
+// back is released, so that the client's retry runs at once instead of
+// waiting out the lease.
+func TestBeginIsBoundedWhenRedisHangs(t *testing.T) {
+	t.Parallel()
+	s, srv := hangingRedis(t, idempotency.Config{WaitTimeout: 500 * time.Millisecond})
+	srv.Freeze()
+	start := time.Now()
+	_, _, err := s.Begin(t.Context(), scope("hang"), "fp")
+	require.ErrorIs(t, err, idempotency.ErrUnavailable)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Less(t, time.Since(start), 2*time.Second, "Begin waited for the client's timeouts")
+	srv.Thaw()
+
+	require.Eventually(t, func() bool {
+		claim, replay, err := s.Begin(t.Context(), scope("hang"), "fp")
+		if err != nil {
+			return false // in progress: the late claim is not released yet
+		}
+		require.Nil(t, replay)
+		require.NoError(t, claim.Finish(t.Context(), response("retried")))
+		return true
+	}, 10*time.Second, 50*time.Millisecond, "the late claim holds the key")
+}
+
+// A renewal stuck on a hanging Redis does not hold up FinishAsync (the
+// request's answer waits for it), and the response is stored once Redis
+// answers again.
+func TestFinishAsyncDoesNotWaitForAStuckRenewal(t *testing.T) {
+	t.Parallel()
+	s, srv := hangingRedis(t, idempotency.Config{Lease: 600 * time.Millisecond})
+	claim, _, err := s.Begin(t.Context(), scope("renewing"), "fp")
+	require.NoError(t, err)
+	srv.Freeze()
+	time.Sleep(300 * time.Millisecond) // the first renewal (at 200 ms) is on its way
+	start := time.Now()
+	done := make(chan error, 1)
+	claim.FinishAsync(response("stored"), func(err error) { done <- err })
+	require.Less(t, time.Since(start), 100*time.Millisecond, "FinishAsync waited for the renewal")
+	srv.Thaw()
+	require.NoError(t, <-done)
+	_, replay, err := s.Begin(t.Context(), scope("renewing"), "fp")
+	require.NoError(t, err)
+	require.Equal(t, "stored", string(replay.Body))
+}
+
+// A response waiting to be stored keeps its claim: the lease is renewed
+// until the store lands, so a retry arriving meanwhile waits (and is
+// answered with the response), however long the queue takes, instead of
+// reclaiming the key and running again.
+func TestQueuedResponseKeepsItsLease(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t, sharedRedis(t), idempotency.Config{Lease: 300 * time.Millisecond, WaitTimeout: 200 * time.Millisecond})
+	ctx := t.Context()
+	release := idempotency.HoldFinishes(s)
+	claim, _, err := s.Begin(ctx, scope("queued"), "fp")
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	claim.FinishAsync(response("queued"), func(err error) { done <- err })
+	time.Sleep(time.Second) // more than three leases in the queue
+
+	_, _, err = s.Begin(ctx, scope("queued"), "fp")
+	require.ErrorIs(t, err, idempotency.ErrInProgress, "the key was reclaimed while its response waited")
+	release()
+	require.NoError(t, <-done)
+	_, replay, err := s.Begin(ctx, scope("queued"), "fp")
+	require.NoError(t, err)
+	require.Equal(t, "queued", string(replay.Body))
+}

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -91,6 +92,26 @@ func (s *Server) Stop() {
 	_ = s.cmd.Process.Kill()
 	<-s.done
 	s.cmd = nil
+}
+
+// Freeze stops the process (SIGSTOP) without closing anything: the kernel
+// still accepts connections and takes commands, and nothing answers, as
+// with a Redis that hangs. Thaw resumes it, and it answers what it got.
+func (s *Server) Freeze() { s.signal(syscall.SIGSTOP) }
+
+// Thaw resumes a frozen process (SIGCONT).
+func (s *Server) Thaw() { s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig syscall.Signal) {
+	s.t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil {
+		s.t.Fatalf("redistest: %s is not running", s)
+	}
+	if err := s.cmd.Process.Signal(sig); err != nil {
+		s.t.Fatalf("redistest: signal %s: %v", s, err)
+	}
 }
 
 func freePort(t testing.TB) int {
