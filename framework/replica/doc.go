@@ -17,8 +17,9 @@
 // (default 500 ms); then the query runs on the primary instead and
 // kumiko_replica_fallbacks_total counts it. The check runs on the
 // connection the query then uses, so a read URL that balances over several
-// replicas is still correct. A read server that is not in recovery (a
-// primary) counts as caught up.
+// replicas is still correct. A read server that is not in recovery counts
+// as caught up: a primary, a standby promoted by a failover, a primary
+// after crash recovery.
 //
 // # Replica down
 //

@@ -97,9 +97,12 @@ func New(primary, replica *pgxpool.Pool, cfg *Config) (*Router, error) {
 	return r, nil
 }
 
-// caughtUpSQL reports whether the server has replayed past the token; a
-// server that is not in recovery has every write it will ever serve.
-const caughtUpSQL = `SELECT coalesce(pg_last_wal_replay_lsn() >= $1::pg_lsn, true)`
+// caughtUpSQL reports whether the server has replayed past the token. A
+// server that is not in recovery has every write it will ever serve: one
+// that never was (pg_last_wal_replay_lsn() is NULL) and one that was, a
+// promoted standby or a primary after crash recovery, whose
+// pg_last_wal_replay_lsn() stays frozen where recovery ended.
+const caughtUpSQL = `SELECT NOT pg_is_in_recovery() OR coalesce(pg_last_wal_replay_lsn() >= $1::pg_lsn, false)`
 
 // AcquireRead implements [framework.ReadRouter]: a replica connection,
 // checked against token when there is one, else a primary connection. A

@@ -344,6 +344,46 @@ func TestStreamingReplica(t *testing.T) {
 	require.Equal(t, http.StatusBadRequest, status, "%s", body)
 }
 
+// TestPromotedReadServerIsCaughtUp promotes the standby, as a failover
+// does, and reads from it with a token: pg_last_wal_replay_lsn() stays
+// frozen where recovery ended, but a server out of recovery has every
+// write, so the query runs on it at once, without waiting or falling back.
+func TestPromotedReadServerIsCaughtUp(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t)
+	ctx := t.Context()
+	oldPrimary, err := pgxpool.New(ctx, c.url(c.primary, "kumiko"))
+	require.NoError(t, err)
+	t.Cleanup(oldPrimary.Close)
+	promoted, err := pgxpool.New(ctx, c.url(c.standby, "kumiko"))
+	require.NoError(t, err)
+	t.Cleanup(promoted.Close)
+	var ok bool
+	require.NoError(t, promoted.QueryRow(ctx, `SELECT pg_promote(true, 30)`).Scan(&ok))
+	require.True(t, ok, "the standby is promoted")
+	var inRecovery bool
+	var replayed *string
+	require.NoError(t, promoted.QueryRow(ctx, `SELECT pg_is_in_recovery(), pg_last_wal_replay_lsn()::text`).Scan(&inRecovery, &replayed))
+	require.False(t, inRecovery)
+	require.NotNil(t, replayed, "a promoted server keeps the position where its recovery ended")
+
+	_, err = promoted.Exec(ctx, `CREATE TABLE after_failover (x int); INSERT INTO after_failover VALUES (1)`)
+	require.NoError(t, err)
+	var token string
+	require.NoError(t, promoted.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&token))
+
+	router, err := replica.New(oldPrimary, promoted, &replica.Config{Metrics: prometheus.NewRegistry()})
+	require.NoError(t, err)
+	conn, err := router.AcquireRead(ctx, token)
+	require.NoError(t, err)
+	var port int
+	err = conn.QueryRow(ctx, `SELECT inet_server_port()`).Scan(&port)
+	conn.Release()
+	require.NoError(t, err)
+	require.Equal(t, c.standby.port, port, "the query runs on the promoted read server")
+	require.Zero(t, router.Fallbacks(replica.ReasonLag), "no wait for a replay that will never come")
+}
+
 func requireMetric(t *testing.T, reg *prometheus.Registry, name string, want float64) {
 	t.Helper()
 	mfs, err := reg.Gather()
