@@ -142,9 +142,12 @@ func Register(r *framework.Registry) *Feature {
 		return o, err
 	}, &framework.QueryOptions{
 		// A single-entity read: cached by order id, dropped from the cache
-		// when the order's stream gets an event that changes the row.
-		Cache: framework.CacheBy(5*time.Minute, func(in GetInput) string { return in.OrderID },
-			framework.InvalidatedBy(ft.Cancelled, func(e framework.Event[Cancelled]) string { return e.Payload.OrderID })),
+		// when the order's stream gets an event that changes the row. Both
+		// sides use the canonical spelling of the id: Postgres reads an
+		// upper-case uuid as the same order, and the event always carries
+		// the lower-case one.
+		Cache: framework.CacheBy(5*time.Minute, func(in GetInput) string { return orderKey(in.OrderID) },
+			framework.InvalidatedBy(ft.Cancelled, func(e framework.Event[Cancelled]) string { return orderKey(e.Payload.OrderID) })),
 	})
 
 	framework.Query(f, "list", func(ctx context.Context, tx *framework.Tx, in ListInput) (ListResult, error) {
@@ -182,4 +185,15 @@ func Register(r *framework.Registry) *Feature {
 	registerTotals(f, ft)
 	registerJobs(f, ft)
 	return ft
+}
+
+// orderKey is the entity cache's key of an order id: the canonical
+// (lower-case, hyphenated) spelling of the uuid, so that every spelling of
+// one order shares one cache entry. An id that is no uuid (the validator
+// lets none through) is its own key.
+func orderKey(id string) string {
+	if u, err := uuid.Parse(id); err == nil {
+		return u.String()
+	}
+	return id
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -195,6 +196,33 @@ func TestInvalidationThroughAnEvent(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "cancelled", o.Status)
 	require.InDelta(t, before+1, b.cache.Stats().Hits, 0)
+}
+
+// TestSpellingsOfAnIDShareOneEntry reads an order by its upper-case id,
+// which the validator accepts and Postgres reads as the same uuid: the
+// entry is the one the lower-case id (and the Cancelled event) names, so
+// the cancel invalidates it and the next upper-case read sees the cancel.
+func TestSpellingsOfAnIDShareOneEntry(t *testing.T) {
+	t.Parallel()
+	b := setup(t, sharedRedis(t), true)
+	id := b.place(t, "acme", "Ada")
+	upper := strings.ToUpper(id)
+	require.NotEqual(t, id, upper)
+	o, err := b.get(t, call("acme"), upper)
+	require.NoError(t, err)
+	require.Equal(t, "placed", o.Status)
+	_, err = b.get(t, call("acme"), id)
+	require.NoError(t, err)
+	require.Equal(t, cache.Stats{Misses: 1, Hits: 1}, b.cache.Stats(), "the lower-case read hits the upper-case read's entry")
+
+	_, err = b.rt.Write(t.Context(), call("acme"), []framework.Command{{Type: "orders:write:cancel",
+		Payload: []byte(`{"orderId":"` + id + `","expectedVersion":1}`)}})
+	require.NoError(t, err)
+	// Invalidations counts once the entry is dropped in Redis.
+	require.Eventually(t, func() bool { return b.cache.Stats().Invalidations >= 1 }, 30*time.Second, 20*time.Millisecond)
+	o, err = b.get(t, call("acme"), upper)
+	require.NoError(t, err)
+	require.Equal(t, "cancelled", o.Status, "the upper-case read is not served the entry from before the cancel")
 }
 
 func TestTenantsNeverShareEntries(t *testing.T) {
