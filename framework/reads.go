@@ -93,6 +93,12 @@ type QueryCache struct {
 // change the entity. The cache is keyed by tenant, query and key, so a
 // result must depend on nothing else (not on the calling user).
 //
+// Keys must be canonical: two spellings of one entity (an upper-case and a
+// lower-case uuid, which Postgres reads as the same id) must give one key,
+// the key the invalidations give, or the entry filled under the other
+// spelling is never invalidated and is served stale for ttl. Normalise in
+// the key functions (for a uuid, uuid.Parse(id).String()).
+//
 // Without a store ([RuntimeConfig].QueryCache) the declaration changes
 // nothing. A query with a different input type, or an invalidation naming
 // an event this registry did not declare, is a registration problem.
