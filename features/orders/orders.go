@@ -113,23 +113,24 @@ func Register(r *framework.Registry) *Feature {
 	}, nil)
 
 	framework.Write(f, "cancel", func(ctx context.Context, tx *framework.Tx, in CancelInput) (WriteResult, error) {
-		s, version, err := agg.LoadForWriting(ctx, tx, in.OrderID)
+		id := canonicalID(in.OrderID) // the stream's spelling: the validator accepts upper case
+		s, version, err := agg.LoadForWriting(ctx, tx, id)
 		if err != nil {
 			return WriteResult{}, err
 		}
 		switch {
 		case !s.Exists:
-			return WriteResult{}, framework.Errorf(framework.CodeNotFound, "order %s not found", in.OrderID)
+			return WriteResult{}, framework.Errorf(framework.CodeNotFound, "order %s not found", id)
 		case version != in.ExpectedVersion:
-			return WriteResult{}, framework.NewConcurrencyError(agg.Stream(in.OrderID), in.ExpectedVersion, version)
+			return WriteResult{}, framework.NewConcurrencyError(agg.Stream(id), in.ExpectedVersion, version)
 		case s.Cancelled:
-			return WriteResult{}, framework.Errorf(framework.CodeConflict, "order %s is already cancelled", in.OrderID)
+			return WriteResult{}, framework.Errorf(framework.CodeConflict, "order %s is already cancelled", id)
 		}
-		if _, err := tx.Exec(ctx, `UPDATE orders SET status = 'cancelled', version = $2 WHERE id = $1`, in.OrderID, version+1); err != nil {
+		if _, err := tx.Exec(ctx, `UPDATE orders SET status = 'cancelled', version = $2 WHERE id = $1`, id, version+1); err != nil {
 			return WriteResult{}, err
 		}
-		err = tx.Append(agg.Stream(in.OrderID), in.ExpectedVersion, ft.Cancelled.With(Cancelled{OrderID: in.OrderID}))
-		return WriteResult{ID: in.OrderID, Version: version + 1}, err
+		err = tx.Append(agg.Stream(id), in.ExpectedVersion, ft.Cancelled.With(Cancelled{OrderID: id}))
+		return WriteResult{ID: id, Version: version + 1}, err
 	}, nil)
 
 	framework.Query(f, "get", func(ctx context.Context, tx *framework.Tx, in GetInput) (Order, error) {
@@ -146,8 +147,8 @@ func Register(r *framework.Registry) *Feature {
 		// sides use the canonical spelling of the id: Postgres reads an
 		// upper-case uuid as the same order, and the event always carries
 		// the lower-case one.
-		Cache: framework.CacheBy(5*time.Minute, func(in GetInput) string { return orderKey(in.OrderID) },
-			framework.InvalidatedBy(ft.Cancelled, func(e framework.Event[Cancelled]) string { return orderKey(e.Payload.OrderID) })),
+		Cache: framework.CacheBy(5*time.Minute, func(in GetInput) string { return canonicalID(in.OrderID) },
+			framework.InvalidatedBy(ft.Cancelled, func(e framework.Event[Cancelled]) string { return canonicalID(e.Payload.OrderID) })),
 	})
 
 	framework.Query(f, "list", func(ctx context.Context, tx *framework.Tx, in ListInput) (ListResult, error) {
@@ -187,11 +188,11 @@ func Register(r *framework.Registry) *Feature {
 	return ft
 }
 
-// orderKey is the entity cache's key of an order id: the canonical
-// (lower-case, hyphenated) spelling of the uuid, so that every spelling of
-// one order shares one cache entry. An id that is no uuid (the validator
-// lets none through) is its own key.
-func orderKey(id string) string {
+// canonicalID is the canonical (lower-case, hyphenated) spelling of an
+// order id, the one its stream and its cache entry are named by, so that
+// every spelling of one order finds them. An id that is no uuid (the
+// validator lets none through) is returned as it is.
+func canonicalID(id string) string {
 	if u, err := uuid.Parse(id); err == nil {
 		return u.String()
 	}

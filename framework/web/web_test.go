@@ -89,9 +89,10 @@ func TestCancel(t *testing.T) {
 	id := b.place(t, tok, "Ada")
 	b.requireRows(t, 1, 1)
 
+	// The id in upper case: the same order, the same stream.
 	cancel := func(expected int) response {
 		return b.post(t, "/api/write", tok, map[string]any{"type": "orders:write:cancel",
-			"payload": map[string]any{"orderId": id, "expectedVersion": expected}})
+			"payload": map[string]any{"orderId": strings.ToUpper(id), "expectedVersion": expected}})
 	}
 	env := cancel(5).requireError(t, http.StatusConflict, "version_conflict")
 	require.InDelta(t, 5, env.Error.Details["expectedVersion"], 0)
