@@ -613,6 +613,7 @@ func TestRebuildTableWithSerialColumn(t *testing.T) {
 		require.NoError(t, err)
 	}
 
+	db.WaitVisible(t) // below the horizon, so that the rebuild reaches them all
 	res, err := rebuild.Rebuild(ctx, db.Pool, reg, "serial:numbered", nil)
 	require.NoError(t, err)
 	require.Equal(t, int64(5), res.Events)
