@@ -414,8 +414,11 @@ ORDER BY e.commit_key, e.position`
   attempts = 0, failed_position = NULL, last_error = NULL, next_attempt_at = NULL, revivals = 0,
   events_processed = events_processed + $5, updated_at = now()
 WHERE name = $1 AND instance_id = $2`
+	// failSQL records a failure after $5 events before it were delivered;
+	// a delivery resets the revival budget, as advanceSQL does.
 	failSQL = `UPDATE event_consumers SET cursor_commit_key = $3, cursor_position = $4,
   events_processed = events_processed + $5,
+  revivals = CASE WHEN $5 > 0 THEN 0 ELSE revivals END,
   attempts = $6, failed_position = $7, last_error = $8,
   next_attempt_at = now() + $9::interval,
   status = CASE WHEN $10 THEN 'dead' ELSE status END,

@@ -144,3 +144,45 @@ func TestPerInstanceRowRemovedUnderLiveProcess(t *testing.T) {
 	require.Equal(t, count(t, b, `SELECT max(position)::int FROM events`), int(after.position), "the row is at the last event")
 	require.Contains(t, logs.String(), "consumer state row re-created")
 }
+
+// TestDeliveryBeforeLaterFailureResetsRevivals: a revived consumer that
+// delivers the event it died on and then fails on a later event of the same
+// pass has made progress: the revival budget starts over, so it is revived
+// again after the cooldown ("at most MaxRevivals times in a row" counts
+// revivals without a successful delivery in between).
+func TestDeliveryBeforeLaterFailureResetsRevivals(t *testing.T) {
+	t.Parallel()
+	var failAt atomic.Int64 // the event that fails
+	b := setup(t, func(b *bundle) {
+		p := framework.MultiStreamProjection(b.f, "progressing", &framework.ProjectionOptions{MaxAttempts: 1})
+		framework.On(p, b.noted, func(ctx context.Context, tx *framework.Tx, e framework.Event[noted]) error {
+			if int64(e.Payload.N) == failAt.Load() {
+				return errors.New("down")
+			}
+			return nil
+		})
+	})
+	const cooldown = 50 * time.Millisecond
+	d := newDispatcher(t, b, &dispatcher.Config{RetryBaseDelay: time.Millisecond, ReviveCooldown: cooldown, MaxRevivals: 1})
+	b.write(t, "t1", 0, 3, 1)
+	b.db.WaitVisible(t)
+	ctx := context.Background()
+	const name = "test:progressing"
+
+	// Dies on event 0 and uses its one revival.
+	killOnce(t, b, d, name)
+	time.Sleep(cooldown + 50*time.Millisecond)
+	d.Revive(ctx)
+	require.Equal(t, "idle", state(t, b, name, dispatcher.SharedInstance).status)
+	require.Equal(t, 1, revivals(t, b, name))
+
+	// Event 0 is delivered now; event 1 of the same pass fails.
+	failAt.Store(1)
+	killOnce(t, b, d, name)
+	require.Equal(t, 1, count(t, b, `SELECT events_processed::int FROM event_consumers WHERE name = $1`, name),
+		"event 0 was delivered before event 1 failed")
+	require.Zero(t, revivals(t, b, name), "the delivery did not reset the revival count")
+	time.Sleep(cooldown + 50*time.Millisecond)
+	d.Revive(ctx)
+	require.Equal(t, "idle", state(t, b, name, dispatcher.SharedInstance).status, "not revived although it made progress")
+}
