@@ -39,7 +39,8 @@
 //
 // [NewAggregate] and [Evolve] fold a stream's events into a state, for
 // handlers that decide on the history of one stream. [InlineProjection]
-// runs in the write transaction that appends its events; a
+// runs in the transaction that appends its events (a write, a job, a saga's
+// dispatcher pass); a
 // [MultiStreamProjection] runs after commit in a dispatcher pass whose
 // transaction also moves its cursor, so its writes and its position commit
 // together. [On] adds a projection's handler for one event type.

@@ -35,7 +35,8 @@ const (
 type ProjectionKind string
 
 const (
-	// KindInline projections run in the write transaction.
+	// KindInline projections run in the transaction that appends their
+	// events (a write, a job's InTx, a saga's dispatcher pass).
 	KindInline ProjectionKind = "inline"
 	// KindMultiStream projections run in dispatcher passes after commit.
 	KindMultiStream ProjectionKind = "multi-stream"
@@ -101,7 +102,10 @@ func MultiStreamProjection(f *Feature, name string, opts *ProjectionOptions) *Pr
 }
 
 // InlineProjection registers a projection whose handlers run inside the
-// write transaction that appends the event; its failure rolls the write back.
+// transaction that appends the event, when the event is written (see
+// [Tx.Flush]): a write's, a job's InTx's, or the dispatcher pass of a saga
+// that appends it. Its failure rolls the write back, or fails the saga's
+// event like an error of the saga's handler.
 func InlineProjection(f *Feature, name string) *Projection {
 	return registerProjection(f, name, KindInline, ProjectionOptions{})
 }

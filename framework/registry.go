@@ -30,6 +30,9 @@ type Registry struct {
 	projections map[string]*Projection
 	problems    []error
 	built       bool
+	// inline maps an event type to the inline projections that handle it
+	// (sorted by name); Build fills it, [Tx.Flush] runs them.
+	inline map[string][]*Projection
 	// extensions are side tables of packages that extend the registry
 	// (framework/jobs), keyed by a value of their own unexported type.
 	extensions map[any]any
@@ -136,11 +139,22 @@ func (r *Registry) AddProblem(err error) {
 }
 
 // Build checks the registry and returns every registration problem at once
-// (nil when there is none). After Build the registry is read-only.
+// (nil when there is none). After Build the registry is read-only. Calling
+// it again only reports the problems again.
 func (r *Registry) Build() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.built = true
+	if !r.built {
+		r.built = true
+		r.inline = map[string][]*Projection{}
+		for _, name := range sortedKeys(r.projections) {
+			if p := r.projections[name]; p.kind == KindInline {
+				for _, t := range p.types {
+					r.inline[t] = append(r.inline[t], p)
+				}
+			}
+		}
+	}
 	return errors.Join(r.problems...)
 }
 

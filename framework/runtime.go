@@ -44,7 +44,6 @@ type Runtime struct {
 	readPool *pgxpool.Pool
 	logger   *slog.Logger
 	onCommit []func(int)
-	inline   map[string][]*Projection
 	router   ReadRouter
 	cache    QueryCacheStore
 }
@@ -58,7 +57,7 @@ func NewRuntime(reg *Registry, pool *pgxpool.Pool, cfg *RuntimeConfig) (*Runtime
 	if cfg == nil {
 		cfg = &RuntimeConfig{}
 	}
-	rt := &Runtime{reg: reg, pool: pool, readPool: cfg.ReadPool, logger: cfg.Logger, inline: map[string][]*Projection{},
+	rt := &Runtime{reg: reg, pool: pool, readPool: cfg.ReadPool, logger: cfg.Logger,
 		router: cfg.ReadRouter, cache: cfg.QueryCache}
 	if rt.readPool == nil {
 		rt.readPool = pool
@@ -68,13 +67,6 @@ func NewRuntime(reg *Registry, pool *pgxpool.Pool, cfg *RuntimeConfig) (*Runtime
 	}
 	if cfg.OnCommit != nil {
 		rt.onCommit = append(rt.onCommit, cfg.OnCommit)
-	}
-	for _, p := range reg.Projections() {
-		if p.kind == KindInline {
-			for _, t := range p.types {
-				rt.inline[t] = append(rt.inline[t], p)
-			}
-		}
 	}
 	return rt, nil
 }
@@ -216,8 +208,9 @@ func (rt *Runtime) write(ctx context.Context, call Call, cmds []Command, withTok
 	_, err := rt.inTx(ctx, call.Principal.TenantID, call.Principal, call.metadata(), token, func(ctx context.Context, tx *Tx) error {
 		for i, c := range cmds {
 			out, after, err := defs[i].run(ctx, tx, c.Payload)
-			if err == nil && (defs[i].post != nil || rt.needsInline(tx)) {
-				err = rt.runInline(ctx, tx)
+			if err == nil && (defs[i].post != nil || tx.needsFlush()) {
+				// Writes the events and runs their inline projections.
+				_, err = tx.Flush(ctx)
 				if err == nil && defs[i].post != nil {
 					err = defs[i].post(ctx, tx, c.Payload, out)
 				}
@@ -254,50 +247,6 @@ func (rt *Runtime) batchErr(n, i int, err error) error {
 		return err
 	}
 	return &BatchError{Index: i, Err: err}
-}
-
-// needsInline reports whether buffered events have inline projections.
-func (rt *Runtime) needsInline(tx *Tx) bool {
-	if len(rt.inline) == 0 {
-		return false
-	}
-	for _, p := range tx.pending {
-		for _, e := range p.events {
-			if len(rt.inline[e.Type]) > 0 {
-				return true
-			}
-		}
-	}
-	// Events a read flushed early still wait for their projections.
-	for _, env := range tx.flushed {
-		if len(rt.inline[env.Type]) > 0 {
-			return true
-		}
-	}
-	return false
-}
-
-// runInline flushes the buffered events and runs their inline projections
-// in the transaction.
-func (rt *Runtime) runInline(ctx context.Context, tx *Tx) error {
-	for {
-		flushed, err := tx.Flush(ctx)
-		if err != nil {
-			return err
-		}
-		if len(flushed) == 0 {
-			return nil
-		}
-		tx.flushed = nil
-		for _, env := range flushed {
-			for _, p := range rt.inline[env.Type] {
-				if err := p.Apply(ctx, tx, env); err != nil {
-					return err
-				}
-			}
-		}
-		// Inline projections may append in turn; loop until quiet.
-	}
 }
 
 // Query runs a query handler in a read-only transaction of the caller's
@@ -387,8 +336,9 @@ func (rt *Runtime) inTx(ctx context.Context, tenant string, p Principal, meta Me
 		if err := fn(ctx, tx); err != nil {
 			return err
 		}
-		if rt.needsInline(tx) {
-			return rt.runInline(ctx, tx)
+		if tx.needsFlush() {
+			_, err := tx.Flush(ctx)
+			return err
 		}
 		return nil
 	})

@@ -43,10 +43,13 @@ type DB = eventstore.DB
 // statements (Exec, Query, QueryRow, SendBatch) are confined by row-level
 // security to [Tx.TenantID]'s rows.
 //
-// Appended events are buffered and written when the framework flushes them:
-// before inline projections and postSave hooks run, or pipelined with the
-// COMMIT. Call [Tx.Flush] to write them earlier (for example to read them
-// back).
+// Appended events are buffered and written when the Tx flushes them (after
+// the handler, before postSave hooks, when a read needs them), or pipelined
+// with the COMMIT when none of them has an inline projection. Every flush
+// runs the inline projections of the events it writes in this transaction,
+// whoever appended them: a write handler, a job's InTx, a saga in a
+// dispatcher pass, or an inline projection. Call [Tx.Flush] to write them
+// earlier (for example to read them back).
 //
 // A Tx is valid only until the handler it was passed to returns: the
 // transaction ends then, and a dispatcher pass reuses the Tx for its next
@@ -60,8 +63,8 @@ type Tx struct {
 	readOnly  bool
 
 	pending []pendingAppend
-	// flushed holds the envelopes written by flushes and not yet handed to
-	// the inline projections.
+	// flushed holds the envelopes written and not yet handed to the inline
+	// projections.
 	flushed []Envelope
 	// written counts every event this Tx wrote.
 	written int
@@ -191,19 +194,65 @@ func (t *Tx) queueFlush(b *pgx.Batch) error {
 	return nil
 }
 
-// Flush writes the buffered events now and returns the events written by
-// this and earlier flushes that inline projections have not seen yet.
+// Flush writes the buffered events now and runs their inline projections in
+// the transaction, once per event; events those projections append are
+// written and projected in turn, until none are left. It returns the events
+// it wrote. A failing write (such as a *[ConcurrencyError]) or inline
+// projection returns its error; the transaction must then be rolled back.
 func (t *Tx) Flush(ctx context.Context) ([]Envelope, error) {
-	if len(t.pending) > 0 {
-		b := &pgx.Batch{}
-		if err := t.queueFlush(b); err != nil {
-			return nil, err
+	var out []Envelope
+	for {
+		if len(t.pending) > 0 {
+			b := &pgx.Batch{}
+			if err := t.queueFlush(b); err != nil {
+				return nil, err
+			}
+			if err := t.db.SendBatch(ctx, b).Close(); err != nil {
+				return nil, err
+			}
 		}
-		if err := t.db.SendBatch(ctx, b).Close(); err != nil {
-			return nil, err
+		if len(t.flushed) == 0 {
+			return out, nil
+		}
+		// Taken before the projections run: an event is projected once,
+		// also when a projection flushes (a read) in the middle.
+		written := t.flushed
+		t.flushed = nil
+		if out == nil {
+			out = written
+		} else {
+			out = append(out, written...)
+		}
+		for _, env := range written {
+			for _, p := range t.reg.inline[env.Type] {
+				if err := p.Apply(ctx, t, env); err != nil {
+					return nil, err
+				}
+			}
 		}
 	}
-	return t.flushed, nil
+}
+
+// needsFlush reports whether the transaction holds events whose inline
+// projections have not run (buffered, or written by a flush that failed);
+// other buffered events can wait for the COMMIT.
+func (t *Tx) needsFlush() bool {
+	if len(t.reg.inline) == 0 {
+		return false
+	}
+	for _, p := range t.pending {
+		for _, e := range p.events {
+			if len(t.reg.inline[e.Type]) > 0 {
+				return true
+			}
+		}
+	}
+	for _, env := range t.flushed {
+		if len(t.reg.inline[env.Type]) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // streamRef qualifies a stream with the transaction's tenant.
@@ -254,9 +303,11 @@ func translatePg(err error) *Error {
 
 // NewEventTx wraps an open transaction for a handler reacting to env (a
 // projection or a job): it is scoped to env's tenant, and events it appends
-// carry env's correlation id and env's id as causation id. The caller must
-// have scoped the transaction to env.TenantID (tenancy.Switch) and must
-// flush it (see [Tx.Flush]) before committing. Used by the dispatcher.
+// carry env's correlation id and env's id as causation id. reg must be
+// built ([Registry.Build]). The caller must have scoped the transaction to
+// env.TenantID (tenancy.Switch) and must flush it (see [Tx.Flush], which
+// also runs the inline projections of the appended events) before
+// committing. Used by the dispatcher.
 func NewEventTx(db DB, reg *Registry, env Envelope) *Tx {
 	return ReuseEventTx(nil, db, reg, env)
 }
