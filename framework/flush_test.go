@@ -2,6 +2,7 @@ package framework_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -80,4 +81,38 @@ func TestFlushRunsInlineProjectionsOnceEach(t *testing.T) {
 	require.Equal(t, []string{"flush:event:placed placed-log", "flush:event:shipped shipped-log"}, got,
 		"each event's inline projection ran once")
 	require.Equal(t, 2, tx.Written())
+}
+
+// TestInlineProjectionFailureInIgnoredReadFailsTheWrite: a write handler
+// appends, reads its stream back (which writes the event and runs its
+// inline projection, which fails) and ignores the read's error. The write
+// still fails with the projection's error, and nothing commits: the event
+// is not stored without its read model.
+func TestInlineProjectionFailureInIgnoredReadFailsTheWrite(t *testing.T) {
+	t.Parallel()
+	db := kumikotest.NewDB(t)
+	reg := framework.NewRegistry()
+	f := reg.Feature("flush")
+	placed := framework.DefineEvent[flushNoted](f, "placed", nil)
+	stream := framework.Stream{Type: "order", ID: "1"}
+	refusing := framework.InlineProjection(f, "refusing")
+	framework.On(refusing, placed, func(ctx context.Context, tx *framework.Tx, e framework.Event[flushNoted]) error {
+		return errors.New("read model refused")
+	})
+	framework.Write(f, "place", func(ctx context.Context, tx *framework.Tx, _ struct{}) (string, error) {
+		if err := tx.Append(stream, framework.NoStream, placed.With(flushNoted{N: 1})); err != nil {
+			return "", err
+		}
+		_, _ = tx.ReadStream(ctx, stream, framework.AsOf{}) // fails; the handler ignores it
+		return "ok", nil
+	}, nil)
+	rt, err := framework.NewRuntime(reg, db.Pool, nil)
+	require.NoError(t, err)
+
+	call := framework.Call{Principal: framework.Principal{UserID: "u", TenantID: "t1"}}
+	_, err = rt.Write(t.Context(), call, []framework.Command{{Type: "flush:write:place"}})
+	require.ErrorContains(t, err, "read model refused")
+	var n int
+	require.NoError(t, db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM events`).Scan(&n))
+	require.Zero(t, n, "the event committed although its inline projection failed")
 }

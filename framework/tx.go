@@ -66,6 +66,9 @@ type Tx struct {
 	// flushed holds the envelopes written and not yet handed to the inline
 	// projections.
 	flushed []Envelope
+	// inlineErr is the error of an inline projection that failed; every
+	// later flush returns it.
+	inlineErr error
 	// written counts every event this Tx wrote.
 	written int
 }
@@ -199,7 +202,14 @@ func (t *Tx) queueFlush(b *pgx.Batch) error {
 // written and projected in turn, until none are left. It returns the events
 // it wrote. A failing write (such as a *[ConcurrencyError]) or inline
 // projection returns its error; the transaction must then be rolled back.
+// A failed inline projection's error is returned by every later Flush too
+// (and [Tx.HasPending] reports true), so an event whose projection failed
+// in a read's flush cannot commit when the handler ignores the read's
+// error.
 func (t *Tx) Flush(ctx context.Context) ([]Envelope, error) {
+	if t.inlineErr != nil {
+		return nil, t.inlineErr
+	}
 	var out []Envelope
 	for {
 		if len(t.pending) > 0 {
@@ -226,6 +236,7 @@ func (t *Tx) Flush(ctx context.Context) ([]Envelope, error) {
 		for _, env := range written {
 			for _, p := range t.reg.inline[env.Type] {
 				if err := p.Apply(ctx, t, env); err != nil {
+					t.inlineErr = err
 					return nil, err
 				}
 			}
@@ -237,6 +248,9 @@ func (t *Tx) Flush(ctx context.Context) ([]Envelope, error) {
 // projections have not run (buffered, or written by a flush that failed);
 // other buffered events can wait for the COMMIT.
 func (t *Tx) needsFlush() bool {
+	if t.inlineErr != nil {
+		return true
+	}
 	if len(t.reg.inline) == 0 {
 		return false
 	}
@@ -332,8 +346,9 @@ func ReuseEventTx(t *Tx, db DB, reg *Registry, env Envelope) *Tx {
 	return t
 }
 
-// HasPending reports whether appended events wait to be written.
-func (t *Tx) HasPending() bool { return len(t.pending) > 0 }
+// HasPending reports whether appended events wait to be written, or an
+// inline projection failed (the next [Tx.Flush] returns its error).
+func (t *Tx) HasPending() bool { return len(t.pending) > 0 || t.inlineErr != nil }
 
 // Written returns how many events this Tx has written so far.
 func (t *Tx) Written() int { return t.written }

@@ -105,31 +105,44 @@ func TestSagaAppendedEventsRunInlineProjections(t *testing.T) {
 // TestInlineProjectionFailureInPassFailsTheEvent: an inline projection of
 // an event a saga appends fails like the saga's own handler: the pass
 // commits the events before, and the triggering event is recorded as failed
-// with the projection's error, its appended event rolled back.
+// with the projection's error, its appended event rolled back. That holds
+// also when the projection failed in a read of the saga that ignored the
+// read's error.
 func TestInlineProjectionFailureInPassFailsTheEvent(t *testing.T) {
 	t.Parallel()
-	b := setup(t, func(b *bundle) {
-		sagaWithInline(b, nil, func(n int) error {
-			if n == 1 {
-				return errors.New("read model refused")
-			}
+	for name, sagaStep := range map[string]func(ctx context.Context, tx *framework.Tx, n int) error{
+		"after the handler": nil,
+		"in an ignored read": func(ctx context.Context, tx *framework.Tx, n int) error {
+			_, _ = tx.ReadStream(ctx, framework.Stream{Type: "d", ID: "1"}, framework.AsOf{})
 			return nil
-		})
-	})
-	d := newDispatcher(t, b, nil)
-	b.write(t, "t1", 0, 3, 1)
-	b.db.WaitVisible(t)
-	n, err := d.RunOnce(context.Background(), "test:saga")
-	require.NoError(t, err)
-	require.Equal(t, 1, n, "event 0 delivered, event 1 failed")
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, func(b *bundle) {
+				sagaWithInline(b, sagaStep, func(n int) error {
+					if n == 1 {
+						return errors.New("read model refused")
+					}
+					return nil
+				})
+			})
+			d := newDispatcher(t, b, nil)
+			b.write(t, "t1", 0, 3, 1)
+			b.db.WaitVisible(t)
+			n, err := d.RunOnce(context.Background(), "test:saga")
+			require.NoError(t, err)
+			require.Equal(t, 1, n, "event 0 delivered, event 1 failed")
 
-	st := state(t, b, "test:saga", dispatcher.SharedInstance)
-	require.Equal(t, "dead", st.status)
-	require.NotNil(t, st.lastErr)
-	require.Contains(t, *st.lastErr, "projection test:derived-log")
-	require.Contains(t, *st.lastErr, "read model refused")
-	notedAt := positions(t, b, `SELECT position FROM events WHERE type = 'test:event:noted' ORDER BY position`)
-	require.Equal(t, notedAt[0], st.position, "the cursor stops before the failed event")
-	require.Equal(t, 1, count(t, b, `SELECT count(*) FROM events WHERE type = 'test:event:derived'`))
-	require.Equal(t, []int64{0}, positions(t, b, `SELECT n::bigint FROM seen WHERE consumer = 'derived-log'`))
+			st := state(t, b, "test:saga", dispatcher.SharedInstance)
+			require.Equal(t, "dead", st.status)
+			require.NotNil(t, st.lastErr)
+			require.Contains(t, *st.lastErr, "projection test:derived-log")
+			require.Contains(t, *st.lastErr, "read model refused")
+			notedAt := positions(t, b, `SELECT position FROM events WHERE type = 'test:event:noted' ORDER BY position`)
+			require.Equal(t, notedAt[0], st.position, "the cursor stops before the failed event")
+			require.Equal(t, 1, count(t, b, `SELECT count(*) FROM events WHERE type = 'test:event:derived'`))
+			require.Equal(t, []int64{0}, positions(t, b, `SELECT n::bigint FROM seen WHERE consumer = 'derived-log'`))
+		})
+	}
 }
