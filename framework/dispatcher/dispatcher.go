@@ -540,31 +540,31 @@ func (d *Dispatcher) pass(ctx context.Context, c *consumerRun) (passResult, erro
 		return passResult{}, fmt.Errorf("dispatcher: acquire: %w", err)
 	}
 	defer conn.Release()
-	res, failAt, failErr, err := d.attempt(ctx, conn.Conn(), c, c.BatchSize, nil, false)
+	res, fail, err := d.attempt(ctx, conn.Conn(), c, c.BatchSize, nil, false)
 	if errors.Is(err, errNoStateRow) && c.instance != SharedInstance {
 		// Removed under this running process (see recreate): put it back
 		// and run the pass.
 		if err := d.recreate(ctx, c); err != nil {
 			return passResult{}, err
 		}
-		res, failAt, failErr, err = d.attempt(ctx, conn.Conn(), c, c.BatchSize, nil, false)
+		res, fail, err = d.attempt(ctx, conn.Conn(), c, c.BatchSize, nil, false)
 	}
 	if errors.Is(err, errQueueFailed) {
 		// Which event's deferred statement failed is unknown: run the pass
 		// again with statements sent at once.
-		res, failAt, failErr, err = d.attempt(ctx, conn.Conn(), c, c.BatchSize, nil, true)
+		res, fail, err = d.attempt(ctx, conn.Conn(), c, c.BatchSize, nil, true)
 	}
-	if err != nil || failAt < 0 {
+	if err != nil || fail == nil {
 		if err != nil {
 			err = fmt.Errorf("dispatcher: %s: %w", c.Name, err)
 		}
 		return res, err
 	}
-	// Event failAt failed and its pass was rolled back: re-run the pass up
-	// to the event before it, recording the failure with the cursor.
+	// An event failed and its pass was rolled back: re-run the pass up to
+	// the event before it, recording the failure with the cursor.
 	d.metrics.failed.WithLabelValues(c.Name, c.instance).Inc()
-	d.log.Warn("consumer event failed", "consumer", c.Name, "instance_id", c.instance, "error", failErr)
-	res, _, _, err = d.attempt(ctx, conn.Conn(), c, failAt+1, &failure{index: failAt, err: failErr}, true)
+	d.log.Warn("consumer event failed", "consumer", c.Name, "instance_id", c.instance, "position", fail.at.Position, "error", fail.err)
+	res, _, err = d.attempt(ctx, conn.Conn(), c, fail.index+1, fail, true)
 	if err != nil {
 		err = fmt.Errorf("dispatcher: %s: record failure: %w", c.Name, err)
 	}
@@ -573,17 +573,26 @@ func (d *Dispatcher) pass(ctx context.Context, c *consumerRun) (passResult, erro
 
 // failure is an event that failed in an earlier attempt of this pass.
 type failure struct {
+	// index is the event's index in the attempt's batch.
 	index int
 	err   error
+	// at is the failed event's cursor, from the consumer's cursor when the
+	// attempt read its batch. The attempt's rollback releases the lock, so
+	// another process's pass or an ops verb (skip, rewind) may move the
+	// cursor before the re-run takes it again: the re-run records the
+	// failure only if both are unchanged, never against an event that did
+	// not fail.
+	at, from eventstore.Cursor
 }
 
 // attempt runs one pass transaction. Without f it applies up to limit
-// events and, when one fails, rolls back and returns its index (failAt >=
-// 0). With f it applies the events before f.index and records the failure.
-// In direct mode statements deferred with framework.Tx.Queue are sent at
-// once; otherwise a failing deferred statement returns errQueueFailed.
-func (d *Dispatcher) attempt(ctx context.Context, conn *pgx.Conn, c *consumerRun, limit int, f *failure, direct bool) (res passResult, failAt int, failErr error, err error) {
-	failAt = -1
+// events and, when one fails, rolls back and returns the failure. With f
+// it applies the events before f.index and records the failure, or gives
+// up the pass (recording nothing) when the batch is no longer the one
+// that failed. In direct mode statements deferred with framework.Tx.Queue
+// are sent at once; otherwise a failing deferred statement returns
+// errQueueFailed.
+func (d *Dispatcher) attempt(ctx context.Context, conn *pgx.Conn, c *consumerRun, limit int, f *failure, direct bool) (res passResult, fail *failure, err error) {
 	committed := false
 	defer func() {
 		if !committed {
@@ -592,27 +601,30 @@ func (d *Dispatcher) attempt(ctx context.Context, conn *pgx.Conn, c *consumerRun
 	}()
 	locked, st, recs, invisible, err := d.begin(ctx, conn, c, limit)
 	if err != nil {
-		return res, -1, nil, err
+		return res, nil, err
 	}
 	res.invisible = invisible
 	if !locked {
 		res.skipped = true
-		return res, -1, nil, nil
+		return res, nil, nil
 	}
 	if st.status != "idle" {
-		return res, -1, nil, nil
+		return res, nil, nil
 	}
 	if st.nextAttemptAt != nil && st.nextAttemptAt.After(st.now) {
 		res.retryAt = time.Now().Add(st.nextAttemptAt.Sub(st.now))
-		return res, -1, nil, nil
+		return res, nil, nil
 	}
 	if len(recs) == 0 {
-		return res, -1, nil, nil // an idle pass writes nothing
+		return res, nil, nil // an idle pass writes nothing
 	}
 	apply := recs
 	if f != nil {
-		if len(recs) <= f.index {
-			return res, -1, nil, nil // the batch changed under us; the next pass sees it afresh
+		if st.cursor != f.from || len(recs) <= f.index || recs[f.index].Cursor() != f.at {
+			// The cursor moved while the lock was free: this is not the
+			// batch that failed. The next pass sees it afresh.
+			res.full = true
+			return res, nil, nil
 		}
 		apply = recs[:f.index]
 	}
@@ -633,14 +645,14 @@ func (d *Dispatcher) attempt(ctx context.Context, conn *pgx.Conn, c *consumerRun
 		}
 		sc.settle()
 		if sc.queueErr != nil {
-			return res, -1, nil, sc.queueErr
+			return res, nil, sc.queueErr
 		}
 		if aerr != nil {
 			if f != nil {
 				// It succeeded in the first attempt; give up this pass.
-				return res, -1, nil, fmt.Errorf("event %d failed on re-run: %w", env.Position, aerr)
+				return res, nil, fmt.Errorf("event %d failed on re-run: %w", env.Position, aerr)
 			}
-			return res, i, aerr, nil
+			return res, &failure{index: i, err: aerr, at: env.Cursor(), from: st.cursor}, nil
 		}
 		written += tx.Written()
 	}
@@ -648,10 +660,10 @@ func (d *Dispatcher) attempt(ctx context.Context, conn *pgx.Conn, c *consumerRun
 		err := c.BeforeCommit(ctx, sc.db(sc.want))
 		sc.settle()
 		if sc.queueErr != nil {
-			return res, -1, nil, sc.queueErr
+			return res, nil, sc.queueErr
 		}
 		if err != nil {
-			return res, -1, nil, fmt.Errorf("before commit: %w", err)
+			return res, nil, fmt.Errorf("before commit: %w", err)
 		}
 	}
 	b := &pgx.Batch{}
@@ -707,9 +719,9 @@ WHERE name = $1 AND instance_id = $2`, c.Name, c.instance, attempts, bad.Positio
 	b.Queue(`COMMIT`)
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		if deferred > 0 {
-			return res, -1, nil, fmt.Errorf("%w: %w", errQueueFailed, err)
+			return res, nil, fmt.Errorf("%w: %w", errQueueFailed, err)
 		}
-		return res, -1, nil, fmt.Errorf("commit pass: %w", err)
+		return res, nil, fmt.Errorf("commit pass: %w", err)
 	}
 	committed = true
 	if moved {
@@ -727,7 +739,7 @@ WHERE name = $1 AND instance_id = $2`, c.Name, c.instance, attempts, bad.Positio
 	if written > 0 {
 		d.Wake()
 	}
-	return res, -1, nil, nil
+	return res, nil, nil
 }
 
 // backoff returns the delay before attempt n+1.

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kumiko-go/kumiko/framework"
@@ -301,6 +303,90 @@ func TestSagaKeepsCorrelationAndChainsCausation(t *testing.T) {
 		i++
 	}
 	require.Equal(t, 4, i)
+}
+
+// gapTracer runs hook once, after the first ROLLBACK that ends once it is
+// armed: in a pass whose event failed, the gap between the rolled-back
+// attempt and its re-run, while the consumer's advisory lock is free.
+type gapTracer struct {
+	armed atomic.Bool
+	hook  func()
+}
+
+type rollbackKey struct{}
+
+func (g *gapTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if d.SQL == "ROLLBACK" {
+		return context.WithValue(ctx, rollbackKey{}, true)
+	}
+	return ctx
+}
+
+func (g *gapTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	if ctx.Value(rollbackKey{}) != nil && g.armed.CompareAndSwap(true, false) {
+		g.hook()
+	}
+}
+
+// When another process's pass commits between a failed attempt and its
+// re-run (the lock is free in between), the re-run sees another batch: it
+// must neither apply it nor blame the failure on an event of it. Here
+// process A's pass fails at event 2 (flaky: it fails once), B delivers
+// events 0 to 2 in the gap, and A's re-run would otherwise apply 3 and 4
+// and record the failure against event 5, which never ran: a dead letter
+// for a healthy event (lost) with SkipApplyErrors, an attempt against it
+// without. A records nothing, and every event is applied once.
+func TestRerunRecordsNothingWhenAnotherPassMovedTheCursor(t *testing.T) {
+	t.Parallel()
+	for _, lenient := range []bool{true, false} {
+		t.Run(fmt.Sprintf("SkipApplyErrors=%t", lenient), func(t *testing.T) {
+			t.Parallel()
+			var calls atomic.Int64
+			b := setup(t, func(b *bundle) {
+				p := framework.MultiStreamProjection(b.f, "gap", &framework.ProjectionOptions{SkipApplyErrors: lenient})
+				framework.On(p, b.noted, func(ctx context.Context, tx *framework.Tx, e framework.Event[noted]) error {
+					if e.Payload.N == 2 && calls.Add(1) == 1 {
+						return errors.New("flaky")
+					}
+					_, err := tx.Exec(ctx, `INSERT INTO seen VALUES ($1, 'gap', $2, $3, '', '')`, tx.TenantID(), e.ID, e.Payload.N)
+					return err
+				})
+			})
+			consumers := dispatcher.ProjectionConsumers(b.reg, nil)
+			other, err := dispatcher.New(b.db.Pool, b.reg, consumers, &dispatcher.Config{InstanceID: "other", BatchSize: 3})
+			require.NoError(t, err)
+			var otherN int
+			var otherErr error
+			tr := &gapTracer{hook: func() { otherN, otherErr = other.RunOnce(context.Background(), "test:gap") }}
+			cfg, err := pgxpool.ParseConfig(b.db.URL)
+			require.NoError(t, err)
+			cfg.ConnConfig.Tracer = tr
+			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+			require.NoError(t, err)
+			t.Cleanup(pool.Close)
+			d, err := dispatcher.New(pool, b.reg, consumers, &dispatcher.Config{InstanceID: "test-instance", BatchSize: 10, RetryBaseDelay: time.Millisecond})
+			require.NoError(t, err)
+			require.NoError(t, d.Register(context.Background()))
+			b.write(t, "t1", 0, 10, 1)
+			b.db.WaitVisible(t)
+
+			tr.armed.Store(true)
+			n, err := d.RunOnce(context.Background(), "test:gap")
+			require.NoError(t, err)
+			require.Zero(t, n, "the re-run applied a batch that did not fail")
+			require.False(t, tr.armed.Load(), "the other process did not run in the gap")
+			require.NoError(t, otherErr)
+			require.Equal(t, 3, otherN, "the other process delivers events 0 to 2 in the gap")
+			st := state(t, b, "test:gap", dispatcher.SharedInstance)
+			require.Equal(t, 0, st.attempts, "a failure recorded against an event that did not fail")
+			require.Nil(t, st.lastErr)
+			require.Zero(t, count(t, b, `SELECT count(*) FROM event_dead_letters`), "a healthy event dead-lettered")
+
+			drain(t, d, "test:gap", 7)
+			require.Equal(t, 10, count(t, b, `SELECT count(*) FROM seen WHERE consumer = 'gap'`))
+			require.Equal(t, 10, count(t, b, `SELECT count(DISTINCT n) FROM seen WHERE consumer = 'gap'`))
+		})
+	}
 }
 
 // Run keeps retrying the registration while it fails (here: the database

@@ -16,7 +16,10 @@
 //
 // When event k of a batch fails, the pass is rolled back and re-run up to
 // k-1, so the events before it commit with the cursor and the failing one's
-// writes are undone; the happy path pays no per-event savepoint.
+// writes are undone; the happy path pays no per-event savepoint. If another
+// pass or an ops verb moved the cursor while the lock was free between the
+// two transactions, the re-run records nothing: the next pass reads the
+// batch afresh, so a failure is never blamed on an event that did not fail.
 //
 // # Failures
 //
