@@ -561,10 +561,22 @@ func (d *Dispatcher) pass(ctx context.Context, c *consumerRun) (passResult, erro
 		return res, err
 	}
 	// An event failed and its pass was rolled back: re-run the pass up to
-	// the event before it, recording the failure with the cursor.
-	d.metrics.failed.WithLabelValues(c.Name, c.instance).Inc()
-	d.log.Warn("consumer event failed", "consumer", c.Name, "instance_id", c.instance, "position", fail.at.Position, "error", fail.err)
-	res, _, err = d.attempt(ctx, conn.Conn(), c, fail.index+1, fail, true)
+	// the event before it, recording the failure with the cursor. When an
+	// event before it fails in the re-run (its deferred statement, which
+	// the first attempt had not sent yet when a later handler returned an
+	// error, runs at once now; or a handler that fails only sometimes), that
+	// one is the failure: re-run up to it instead. Each round ends earlier
+	// in the batch, so this stops.
+	for {
+		d.metrics.failed.WithLabelValues(c.Name, c.instance).Inc()
+		d.log.Warn("consumer event failed", "consumer", c.Name, "instance_id", c.instance, "position", fail.at.Position, "error", fail.err)
+		var earlier *failure
+		res, earlier, err = d.attempt(ctx, conn.Conn(), c, fail.index+1, fail, true)
+		if err != nil || earlier == nil {
+			break
+		}
+		fail = earlier
+	}
 	if err != nil {
 		err = fmt.Errorf("dispatcher: %s: record failure: %w", c.Name, err)
 	}
@@ -589,7 +601,8 @@ type failure struct {
 // events and, when one fails, rolls back and returns the failure. With f
 // it applies the events before f.index and records the failure, or gives
 // up the pass (recording nothing) when the batch is no longer the one
-// that failed. In direct mode statements deferred with framework.Tx.Queue
+// that failed; when an event before f.index fails, it rolls back and
+// returns that failure. In direct mode statements deferred with framework.Tx.Queue
 // are sent at once; otherwise a failing deferred statement returns
 // errQueueFailed.
 func (d *Dispatcher) attempt(ctx context.Context, conn *pgx.Conn, c *consumerRun, limit int, f *failure, direct bool) (res passResult, fail *failure, err error) {
@@ -648,10 +661,6 @@ func (d *Dispatcher) attempt(ctx context.Context, conn *pgx.Conn, c *consumerRun
 			return res, nil, sc.queueErr
 		}
 		if aerr != nil {
-			if f != nil {
-				// It succeeded in the first attempt; give up this pass.
-				return res, nil, fmt.Errorf("event %d failed on re-run: %w", env.Position, aerr)
-			}
 			return res, &failure{index: i, err: aerr, at: env.Cursor(), from: st.cursor}, nil
 		}
 		written += tx.Written()

@@ -2,6 +2,7 @@ package dispatcher_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -87,4 +88,53 @@ func TestFailingQueuedWriteIsAttributedToItsEvent(t *testing.T) {
 	drain(t, d, "test:q", 5)
 	require.Equal(t, 12, count(t, b, `SELECT count(DISTINCT n) FROM seen WHERE consumer = 'q'`))
 	require.Equal(t, 12, count(t, b, `SELECT count(*) FROM seen WHERE consumer = 'q'`))
+}
+
+// A deferred statement that fails in the database is blamed on its event
+// even when a later event's handler returns an error before anything sent
+// it: the first attempt blames the later event, and the re-run, whose
+// statements run at once, finds the earlier failure and records that one.
+// (Before, every pass gave up on that re-run: no attempt counted, the
+// consumer never turned dead, and never moved again.)
+func TestFailingQueuedWriteBeforeAFailingHandlerIsAttributedToItsEvent(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(b *bundle) {
+		p := framework.MultiStreamProjection(b.f, "q", &framework.ProjectionOptions{MaxAttempts: 2})
+		framework.On(p, b.noted, func(ctx context.Context, tx *framework.Tx, e framework.Event[noted]) error {
+			switch e.Payload.N {
+			case 3: // fails in the database (row-level security refuses a NULL tenant)
+				return tx.Queue(ctx, `INSERT INTO seen VALUES (NULL, 'q', $1, $2, '', '')`, e.ID, e.Payload.N)
+			case 4: // fails in Go, before any statement sent event 3's
+				return errors.New("go-side failure")
+			}
+			return tx.Queue(ctx, `INSERT INTO seen VALUES ($1, 'q', $2, $3, '', '')`, tx.TenantID(), e.ID, e.Payload.N)
+		})
+	})
+	d := newDispatcher(t, b, &dispatcher.Config{RetryBaseDelay: time.Millisecond})
+	b.write(t, "t1", 0, 6, 1)
+	b.db.WaitVisible(t)
+	failedN := func() int {
+		t.Helper()
+		return count(t, b, `SELECT (e.payload->>'n')::int FROM event_consumers c JOIN events e ON e.position = c.failed_position WHERE c.name = 'test:q'`)
+	}
+
+	n, err := d.RunOnce(context.Background(), "test:q")
+	require.NoError(t, err)
+	require.Equal(t, 3, n, "events 0 to 2 commit")
+	st := state(t, b, "test:q", dispatcher.SharedInstance)
+	require.Equal(t, 1, st.attempts)
+	require.NotNil(t, st.lastErr)
+	require.Contains(t, *st.lastErr, "row-level security")
+	require.Equal(t, 3, failedN(), "the failure names the event whose deferred write failed")
+
+	deadline := time.Now().Add(20 * time.Second)
+	for state(t, b, "test:q", dispatcher.SharedInstance).status != "dead" {
+		require.True(t, time.Now().Before(deadline), "never dead with MaxAttempts 2")
+		_, err := d.RunOnce(context.Background(), "test:q")
+		require.NoError(t, err)
+		time.Sleep(2 * time.Millisecond)
+	}
+	require.Equal(t, 2, state(t, b, "test:q", dispatcher.SharedInstance).attempts)
+	require.Equal(t, 3, failedN())
+	require.Equal(t, 3, count(t, b, `SELECT count(*) FROM seen WHERE consumer = 'q'`))
 }
