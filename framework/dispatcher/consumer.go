@@ -20,7 +20,8 @@ type Consumer struct {
 	// EventTypes the consumer reads; nil means every type.
 	EventTypes []string
 	// Apply handles one event in the pass's transaction, scoped to the
-	// event's tenant (unless System).
+	// event's tenant (unless System). A panic is recovered and fails the
+	// event like an error ("panic: <value>"; the stack is logged).
 	Apply func(ctx context.Context, tx *framework.Tx, env framework.Envelope) error
 	// System consumers run in the unrestricted system scope and skip the
 	// per-tenant scoping round trips (they do not touch tenant tables).
@@ -50,7 +51,8 @@ type Consumer struct {
 	// BeforeCommit, when set, runs in the pass transaction after the
 	// handlers of a non-empty batch and before the cursor advance; an error
 	// rolls the whole pass back and is returned by the pass (no retry
-	// accounting, no dead letter). Defaults to nil.
+	// accounting, no dead letter); so does a panic, recovered as an error.
+	// Defaults to nil.
 	BeforeCommit func(ctx context.Context, db framework.DB) error
 }
 

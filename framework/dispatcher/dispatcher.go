@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -176,6 +177,8 @@ func New(pool *pgxpool.Pool, reg *framework.Registry, consumers []Consumer, cfg 
 		cons.Delivery = cmp.Or(cons.Delivery, framework.DeliveryShared)
 		cons.MaxAttempts = cmp.Or(cons.MaxAttempts, 10)
 		cons.BatchSize = cmp.Or(cons.BatchSize, c.BatchSize)
+		cons.Apply = recoverApply(cons.Apply)
+		cons.BeforeCommit = recoverBeforeCommit(cons.BeforeCommit)
 		inst := SharedInstance
 		if cons.Delivery == framework.DeliveryPerInstance {
 			inst = c.InstanceID
@@ -331,7 +334,11 @@ func (d *Dispatcher) loop(ctx context.Context, c *consumerRun) {
 		cancel()
 		<-d.slots
 		if err != nil && ctx.Err() == nil {
-			d.log.Error("dispatcher pass failed", "consumer", c.Name, "instance_id", c.instance, "error", err)
+			attrs := []any{"consumer", c.Name, "instance_id", c.instance, "error", err}
+			if pe, ok := errors.AsType[*panicError](err); ok {
+				attrs = append(attrs, "stack", string(pe.stack))
+			}
+			d.log.Error("dispatcher pass failed", attrs...)
 		}
 		if err == nil && res.full {
 			continue
@@ -569,7 +576,11 @@ func (d *Dispatcher) pass(ctx context.Context, c *consumerRun) (passResult, erro
 	// in the batch, so this stops.
 	for {
 		d.metrics.failed.WithLabelValues(c.Name, c.instance).Inc()
-		d.log.Warn("consumer event failed", "consumer", c.Name, "instance_id", c.instance, "position", fail.at.Position, "error", fail.err)
+		attrs := []any{"consumer", c.Name, "instance_id", c.instance, "position", fail.at.Position, "error", fail.err}
+		if pe, ok := errors.AsType[*panicError](fail.err); ok {
+			attrs = append(attrs, "stack", string(pe.stack))
+		}
+		d.log.Warn("consumer event failed", attrs...)
 		var earlier *failure
 		res, earlier, err = d.attempt(ctx, conn.Conn(), c, fail.index+1, fail, true)
 		if err != nil || earlier == nil {
@@ -749,6 +760,53 @@ WHERE name = $1 AND instance_id = $2`, c.Name, c.instance, attempts, bad.Positio
 		d.Wake()
 	}
 	return res, nil, nil
+}
+
+// panicError is a panic of a consumer's Apply or BeforeCommit, recovered
+// so that it fails the event (or the pass) like an error instead of
+// ending the process: every consumer of an all-in-one process, and its
+// API, would stop, and after a restart the same event would panic again.
+type panicError struct {
+	value any
+	stack []byte
+}
+
+func (p *panicError) Error() string { return fmt.Sprintf("panic: %v", p.value) }
+
+// Unwrap returns the panic value when it is an error.
+func (p *panicError) Unwrap() error {
+	err, _ := p.value.(error)
+	return err
+}
+
+// recoverApply returns apply with a panic turned into a *panicError.
+func recoverApply(apply func(context.Context, *framework.Tx, framework.Envelope) error) func(context.Context, *framework.Tx, framework.Envelope) error {
+	if apply == nil {
+		return nil
+	}
+	return func(ctx context.Context, tx *framework.Tx, env framework.Envelope) (err error) {
+		defer func() {
+			if v := recover(); v != nil {
+				err = &panicError{value: v, stack: debug.Stack()}
+			}
+		}()
+		return apply(ctx, tx, env)
+	}
+}
+
+// recoverBeforeCommit returns hook with a panic turned into a *panicError.
+func recoverBeforeCommit(hook func(context.Context, framework.DB) error) func(context.Context, framework.DB) error {
+	if hook == nil {
+		return nil
+	}
+	return func(ctx context.Context, db framework.DB) (err error) {
+		defer func() {
+			if v := recover(); v != nil {
+				err = &panicError{value: v, stack: debug.Stack()}
+			}
+		}()
+		return hook(ctx, db)
+	}
 }
 
 // backoff returns the delay before attempt n+1.

@@ -1,9 +1,11 @@
 package dispatcher_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -236,6 +238,50 @@ func TestThrowingConsumerDiesAloneAfterMaxAttempts(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, n)
 	require.Equal(t, 3, state(t, b, "test:broken", dispatcher.SharedInstance).attempts)
+	drain(t, d, "test:healthy", 4)
+}
+
+// A handler that panics fails its event like an error, with the stack
+// logged: the panic does not escape the pass (in Run it would end the
+// process, all its consumers and, all-in-one, its API; and the restarted
+// process would panic on the same event again), the events before it
+// commit, and the attempt counts, so the consumer turns dead.
+func TestPanickingHandlerFailsItsEvent(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(b *bundle) {
+		recorder(b, "healthy", nil)
+		p := framework.MultiStreamProjection(b.f, "panicky", &framework.ProjectionOptions{MaxAttempts: 1})
+		framework.On(p, b.noted, func(ctx context.Context, tx *framework.Tx, e framework.Event[noted]) error {
+			if e.Payload.N == 2 {
+				var m map[string]int
+				m["x"] = 1 // panics: assignment to entry in nil map
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO seen VALUES ($1, 'panicky', $2, $3, '', '')`, tx.TenantID(), e.ID, e.Payload.N)
+			return err
+		})
+	})
+	var logs bytes.Buffer
+	d := newDispatcher(t, b, &dispatcher.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	b.write(t, "t1", 0, 4, 1)
+	b.db.WaitVisible(t)
+
+	var n int
+	var err error
+	var recovered any
+	func() {
+		defer func() { recovered = recover() }()
+		n, err = d.RunOnce(context.Background(), "test:panicky")
+	}()
+	require.Nil(t, recovered, "the panic escaped the pass")
+	require.NoError(t, err)
+	require.Equal(t, 2, n, "events 0 and 1 commit")
+	st := state(t, b, "test:panicky", dispatcher.SharedInstance)
+	require.Equal(t, "dead", st.status)
+	require.Equal(t, 1, st.attempts)
+	require.NotNil(t, st.lastErr)
+	require.Contains(t, *st.lastErr, "panic: assignment to entry in nil map")
+	require.Equal(t, 2, count(t, b, `SELECT count(*) FROM seen WHERE consumer = 'panicky'`))
+	require.Contains(t, logs.String(), "TestPanickingHandlerFailsItsEvent", "the log has the panic's stack")
 	drain(t, d, "test:healthy", 4)
 }
 
