@@ -61,7 +61,16 @@ type Config struct {
 	// NotifyInterval is the minimum gap between two coalesced NOTIFYs.
 	// Defaults to 5ms.
 	NotifyInterval time.Duration
-	// PassTimeout bounds one pass. Defaults to 60s.
+	// PassTimeout bounds the handlers of one pass. Once it has passed, the
+	// pass runs no further handler and commits the events handled before;
+	// the handler running at the deadline is cut short (its context ends)
+	// and its event rolled back, and the next pass starts with it, at once
+	// and without counting an attempt: a batch whose handlers together
+	// outlast PassTimeout commits in parts. Only an event that is the first
+	// of its pass, whose handler alone outlasts PassTimeout, fails as with
+	// an error (attempts, backoff, dead letter). The commit, and each
+	// re-run after a failure, get PassTimeout of their own. Defaults to
+	// 60s.
 	PassTimeout time.Duration
 	// Metrics registers the dispatcher's collectors. Defaults to none.
 	Metrics prometheus.Registerer
@@ -327,8 +336,8 @@ func (d *Dispatcher) loop(ctx context.Context, c *consumerRun) {
 			return
 		case d.slots <- struct{}{}:
 		}
-		// A pass in flight finishes even when ctx ends (drain), bounded by
-		// PassTimeout.
+		// A pass in flight finishes even when ctx ends (drain); PassTimeout
+		// bounds its handlers (see Config.PassTimeout).
 		passCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.PassTimeout)
 		res, err := d.pass(passCtx, c)
 		cancel()
@@ -546,7 +555,11 @@ func (d *Dispatcher) pass(ctx context.Context, c *consumerRun) (passResult, erro
 	if err != nil {
 		return passResult{}, fmt.Errorf("dispatcher: acquire: %w", err)
 	}
-	defer conn.Release()
+	defer func() {
+		if conn != nil {
+			conn.Release()
+		}
+	}()
 	res, fail, err := d.attempt(ctx, conn.Conn(), c, c.BatchSize, nil, false)
 	if errors.Is(err, errNoStateRow) && c.instance != SharedInstance {
 		// Removed under this running process (see recreate): put it back
@@ -559,7 +572,12 @@ func (d *Dispatcher) pass(ctx context.Context, c *consumerRun) (passResult, erro
 	if errors.Is(err, errQueueFailed) {
 		// Which event's deferred statement failed is unknown: run the pass
 		// again with statements sent at once.
-		res, fail, err = d.attempt(ctx, conn.Conn(), c, c.BatchSize, nil, true)
+		res, fail, err = d.followUp(ctx, &conn, c, c.BatchSize, nil)
+	}
+	if err == nil && fail != nil && fail.timedOut && fail.index == 0 && !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		// The caller cancelled the pass during its first handler: nothing
+		// to commit, and nothing failed.
+		err = ctx.Err()
 	}
 	if err != nil || fail == nil {
 		if err != nil {
@@ -574,15 +592,27 @@ func (d *Dispatcher) pass(ctx context.Context, c *consumerRun) (passResult, erro
 	// error, runs at once now; or a handler that fails only sometimes), that
 	// one is the failure: re-run up to it instead. Each round ends earlier
 	// in the batch, so this stops.
+	//
+	// A failure the pass's deadline caused (see Config.PassTimeout) is no
+	// failure of its event, unless that event was the first of the batch:
+	// the re-run commits the events before it and records nothing.
 	for {
-		d.metrics.failed.WithLabelValues(c.Name, c.instance).Inc()
-		attrs := []any{"consumer", c.Name, "instance_id", c.instance, "position", fail.at.Position, "error", fail.err}
-		if pe, ok := errors.AsType[*panicError](fail.err); ok {
-			attrs = append(attrs, "stack", string(pe.stack))
+		if fail.timedOut && fail.index > 0 {
+			d.log.Warn("consumer pass timed out; committing the events before", "consumer", c.Name, "instance_id", c.instance,
+				"position", fail.at.Position, "pass_timeout", d.cfg.PassTimeout.String())
+		} else {
+			if fail.timedOut {
+				fail.err = fmt.Errorf("handler outlasted the pass timeout: %w", fail.err)
+			}
+			d.metrics.failed.WithLabelValues(c.Name, c.instance).Inc()
+			attrs := []any{"consumer", c.Name, "instance_id", c.instance, "position", fail.at.Position, "error", fail.err}
+			if pe, ok := errors.AsType[*panicError](fail.err); ok {
+				attrs = append(attrs, "stack", string(pe.stack))
+			}
+			d.log.Warn("consumer event failed", attrs...)
 		}
-		d.log.Warn("consumer event failed", attrs...)
 		var earlier *failure
-		res, earlier, err = d.attempt(ctx, conn.Conn(), c, fail.index+1, fail, true)
+		res, earlier, err = d.followUp(ctx, &conn, c, fail.index+1, fail)
 		if err != nil || earlier == nil {
 			break
 		}
@@ -592,6 +622,26 @@ func (d *Dispatcher) pass(ctx context.Context, c *consumerRun) (passResult, erro
 		err = fmt.Errorf("dispatcher: %s: record failure: %w", c.Name, err)
 	}
 	return res, err
+}
+
+// followUp runs an attempt of the pass after its first one, in direct
+// mode, on a context of its own: the first attempt may have used up the
+// pass's time (the deadline cut a handler short), and the events it
+// handled before still commit. A statement cancelled by the deadline may
+// have closed the pass's connection: then it takes a new one.
+func (d *Dispatcher) followUp(ctx context.Context, conn **pgxpool.Conn, c *consumerRun, limit int, f *failure) (passResult, *failure, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.PassTimeout)
+	defer cancel()
+	if (*conn).Conn().IsClosed() {
+		(*conn).Release()
+		*conn = nil
+		nc, err := d.pool.Acquire(ctx)
+		if err != nil {
+			return passResult{}, nil, fmt.Errorf("acquire: %w", err)
+		}
+		*conn = nc
+	}
+	return d.attempt(ctx, (*conn).Conn(), c, limit, f, true)
 }
 
 // failure is an event that failed in an earlier attempt of this pass.
@@ -606,6 +656,9 @@ type failure struct {
 	// failure only if both are unchanged, never against an event that did
 	// not fail.
 	at, from eventstore.Cursor
+	// timedOut is set when the attempt's context had ended when the event
+	// failed: the deadline, not the event, may be the cause.
+	timedOut bool
 }
 
 // attempt runs one pass transaction. Without f it applies up to limit
@@ -657,7 +710,16 @@ func (d *Dispatcher) attempt(ctx context.Context, conn *pgx.Conn, c *consumerRun
 	sc := &scopes{conn: conn, applied: tenancy.SystemTenantID, direct: direct}
 	written := 0
 	var tx *framework.Tx
+	cut := false // the deadline stopped the pass before the end of apply
 	for i, env := range apply {
+		if ctx.Err() != nil {
+			if i == 0 {
+				return res, nil, fmt.Errorf("no time left for the first event: %w", ctx.Err())
+			}
+			// Out of time: commit the events handled so far.
+			apply, cut = apply[:i], true
+			break
+		}
 		want := tenancy.SystemTenantID
 		if !c.System {
 			want = env.TenantID
@@ -669,13 +731,28 @@ func (d *Dispatcher) attempt(ctx context.Context, conn *pgx.Conn, c *consumerRun
 		}
 		sc.settle()
 		if sc.queueErr != nil {
-			return res, nil, sc.queueErr
+			if ctx.Err() == nil {
+				return res, nil, sc.queueErr
+			}
+			// The deadline cut a send of deferred statements short: the
+			// re-run sends them at once.
+			aerr = sc.queueErr
 		}
 		if aerr != nil {
-			return res, &failure{index: i, err: aerr, at: env.Cursor(), from: st.cursor}, nil
+			return res, &failure{index: i, err: aerr, at: env.Cursor(), from: st.cursor, timedOut: ctx.Err() != nil}, nil
 		}
 		written += tx.Written()
 	}
+	if cut || f != nil && f.timedOut && f.index > 0 {
+		// The deadline cut the pass short: commit the events handled,
+		// recording no failure, and go on at once.
+		f = nil
+		res.full = true
+	}
+	// What the handlers did commits even when they used up the pass's
+	// time: the commit gets a context of its own.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.PassTimeout)
+	defer cancel()
 	if c.BeforeCommit != nil && len(apply) > 0 {
 		err := c.BeforeCommit(ctx, sc.db(sc.want))
 		sc.settle()
@@ -751,7 +828,7 @@ WHERE name = $1 AND instance_id = $2`, c.Name, c.instance, attempts, bad.Positio
 		c.transientStreak.Store(0)
 	}
 	res.delivered = len(apply)
-	res.full = f == nil && len(recs) >= limit
+	res.full = res.full || f == nil && len(recs) >= limit
 	if f != nil && c.SkipApplyErrors && !transient {
 		res.full = true // move on at once
 	}

@@ -285,6 +285,70 @@ func TestPanickingHandlerFailsItsEvent(t *testing.T) {
 	drain(t, d, "test:healthy", 4)
 }
 
+// A batch whose handlers together outlast PassTimeout, each of them fast
+// enough alone, commits in parts: the pass commits the events handled
+// before the deadline, counting no attempt against the event whose
+// handler the deadline cut short, and the next pass goes on from it.
+// (Before, the re-run that commits those events ran on the expired
+// context: nothing ever committed, and no attempt was ever counted.) An
+// event whose handler alone outlasts PassTimeout fails like an error.
+func TestBatchOutlastingPassTimeoutCommitsInParts(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(b *bundle) {
+		slow := framework.MultiStreamProjection(b.f, "slow", &framework.ProjectionOptions{MaxAttempts: 1})
+		framework.On(slow, b.noted, func(ctx context.Context, tx *framework.Tx, e framework.Event[noted]) error {
+			time.Sleep(25 * time.Millisecond)
+			_, err := tx.Exec(ctx, `INSERT INTO seen VALUES ($1, 'slow', $2, $3, '', '')`, tx.TenantID(), e.ID, e.Payload.N)
+			return err
+		})
+		stuck := framework.MultiStreamProjection(b.f, "stuck", &framework.ProjectionOptions{MaxAttempts: 2})
+		framework.On(stuck, b.noted, func(ctx context.Context, tx *framework.Tx, e framework.Event[noted]) error {
+			if e.Payload.N == 5 {
+				<-ctx.Done() // never finishes within the pass
+				return ctx.Err()
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO seen VALUES ($1, 'stuck', $2, $3, '', '')`, tx.TenantID(), e.ID, e.Payload.N)
+			return err
+		})
+	})
+	// A consumer whose handler sends no statement (in-memory state, such as
+	// the SSE hub) never sees the deadline: the pass stops before the next
+	// event, and the cursor advance commits all the same.
+	memory := dispatcher.Consumer{Name: "test:memory", System: true, MaxAttempts: 1,
+		Apply: func(ctx context.Context, tx *framework.Tx, env framework.Envelope) error {
+			time.Sleep(25 * time.Millisecond)
+			return nil
+		}}
+	d, err := dispatcher.New(b.db.Pool, b.reg, append(dispatcher.ProjectionConsumers(b.reg, nil), memory),
+		&dispatcher.Config{InstanceID: "test-instance", PassTimeout: 250 * time.Millisecond, RetryBaseDelay: time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, d.Register(context.Background()))
+	b.write(t, "t1", 0, 20, 1)
+	b.db.WaitVisible(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = d.Run(ctx) })
+	defer func() { cancel(); wg.Wait() }()
+
+	waitCount(t, b, `SELECT count(*) FROM seen WHERE consumer = 'slow'`, 20, 15*time.Second)
+	require.Equal(t, 20, count(t, b, `SELECT count(DISTINCT n) FROM seen WHERE consumer = 'slow'`))
+	st := state(t, b, "test:slow", dispatcher.SharedInstance)
+	require.Equal(t, "idle", st.status)
+	require.Zero(t, st.attempts, "an attempt counted against an event the deadline cut short")
+
+	waitCount(t, b, `SELECT count(*) FROM event_consumers WHERE name = 'test:memory' AND cursor_position = (SELECT max(position) FROM events)`, 1, 15*time.Second)
+	st = state(t, b, "test:memory", dispatcher.SharedInstance)
+	require.Equal(t, "idle", st.status)
+	require.Zero(t, st.attempts)
+
+	waitCount(t, b, `SELECT count(*) FROM event_consumers WHERE name = 'test:stuck' AND status = 'dead'`, 1, 15*time.Second)
+	st = state(t, b, "test:stuck", dispatcher.SharedInstance)
+	require.Equal(t, 2, st.attempts)
+	require.NotNil(t, st.lastErr)
+	require.Contains(t, *st.lastErr, "outlasted the pass timeout")
+	require.Equal(t, 5, count(t, b, `SELECT count(*) FROM seen WHERE consumer = 'stuck'`), "events 0 to 4 commit")
+}
+
 func TestSkipApplyErrorsRecordsDeadLetter(t *testing.T) {
 	t.Parallel()
 	b := setup(t, func(b *bundle) {

@@ -27,6 +27,10 @@
 // consumer turns dead (only that consumer stops). A dead consumer is revived
 // automatically after a cooldown, a bounded number of times. A consumer with
 // SkipApplyErrors records the event in event_dead_letters and moves on.
+// A batch whose handlers outlast [Config.PassTimeout] commits the events
+// handled by then; the event whose handler the deadline cut short comes
+// first in the next pass, and counts an attempt only if its handler alone
+// outlasts the timeout.
 //
 // # Wake-up
 //
