@@ -254,6 +254,7 @@ func TestPanickingHandlerFailsItsEvent(t *testing.T) {
 		framework.On(p, b.noted, func(ctx context.Context, tx *framework.Tx, e framework.Event[noted]) error {
 			if e.Payload.N == 2 {
 				var m map[string]int
+				//lint:ignore SA5000 the handler panics on purpose
 				m["x"] = 1 // panics: assignment to entry in nil map
 			}
 			_, err := tx.Exec(ctx, `INSERT INTO seen VALUES ($1, 'panicky', $2, $3, '', '')`, tx.TenantID(), e.ID, e.Payload.N)
