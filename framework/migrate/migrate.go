@@ -28,17 +28,23 @@ type Status struct {
 	Applied bool
 }
 
-// newProvider builds a goose provider over the pool with the session locker.
-func newProvider(pool *pgxpool.Pool, fsys fs.FS, logger *slog.Logger) (*goose.Provider, func() error, error) {
+// newProvider builds a goose provider over the pool, with the session
+// locker when locked (Up) and without it for reading the state (List,
+// Check): goose's status takes the lock otherwise, so a readiness probe
+// would fail while a migration runs (and overlapping probes each other).
+func newProvider(pool *pgxpool.Pool, fsys fs.FS, logger *slog.Logger, locked bool) (*goose.Provider, func() error, error) {
 	if fsys == nil {
 		fsys = migrations.FS
 	}
-	locker, err := lock.NewPostgresSessionLocker()
-	if err != nil {
-		return nil, nil, fmt.Errorf("migrate: session locker: %w", err)
+	var opts []goose.ProviderOption
+	if locked {
+		locker, err := lock.NewPostgresSessionLocker()
+		if err != nil {
+			return nil, nil, fmt.Errorf("migrate: session locker: %w", err)
+		}
+		opts = append(opts, goose.WithSessionLocker(locker))
 	}
 	db := stdlib.OpenDBFromPool(pool)
-	opts := []goose.ProviderOption{goose.WithSessionLocker(locker)}
 	if logger != nil {
 		opts = append(opts, goose.WithSlog(logger))
 	}
@@ -53,7 +59,7 @@ func newProvider(pool *pgxpool.Pool, fsys fs.FS, logger *slog.Logger) (*goose.Pr
 // Up applies every pending migration of fsys (nil means Kumiko's embedded
 // migrations) and returns how many ran. logger may be nil.
 func Up(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS, logger *slog.Logger) (int, error) {
-	p, closeDB, err := newProvider(pool, fsys, logger)
+	p, closeDB, err := newProvider(pool, fsys, logger, true)
 	if err != nil {
 		return 0, err
 	}
@@ -66,9 +72,10 @@ func Up(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS, logger *slog.Logger
 }
 
 // List reports the state of every migration of fsys (nil means Kumiko's
-// embedded migrations).
+// embedded migrations). It does not wait for a migration that is running:
+// what it reports is what has committed.
 func List(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS) ([]Status, error) {
-	p, closeDB, err := newProvider(pool, fsys, nil)
+	p, closeDB, err := newProvider(pool, fsys, nil, false)
 	if err != nil {
 		return nil, err
 	}
