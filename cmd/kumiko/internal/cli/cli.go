@@ -96,7 +96,7 @@ func toolPool(ctx context.Context) (*pgxpool.Pool, *config.Config, error) {
 
 // createDatabaseIfMissing creates DATABASE_URL's database when the server
 // answers that it does not exist, so that `make run` works on a fresh
-// server.
+// server. Another process creating it at the same time is no error.
 func createDatabaseIfMissing(ctx context.Context, pool *pgxpool.Pool) error {
 	err := pool.Ping(ctx)
 	var pgErr *pgconn.PgError
@@ -111,7 +111,13 @@ func createDatabaseIfMissing(ctx context.Context, pool *pgxpool.Pool) error {
 		return fmt.Errorf("create database %s: %w", name, err)
 	}
 	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+	_, err = conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
+	// Concurrent creators: the loser gets duplicate_database, or a unique
+	// violation of pg_database's name index when both passed the check.
+	if errors.As(err, &pgErr) && (pgErr.Code == "42P04" || pgErr.Code == "23505" && pgErr.ConstraintName == "pg_database_datname_index") {
+		return nil
+	}
+	if err != nil {
 		return fmt.Errorf("create database %s: %w", name, err)
 	}
 	return nil
