@@ -142,7 +142,7 @@ type Config struct {
 	DispatcherPollOnly bool
 
 	// DrainTimeout bounds the graceful shutdown after SIGTERM or SIGINT,
-	// read from KUMIKO_DRAIN_TIMEOUT_MS as a non-negative integer number of
+	// read from KUMIKO_DRAIN_TIMEOUT_MS as a positive integer number of
 	// milliseconds. Defaults to 30s.
 	DrainTimeout time.Duration
 
@@ -250,7 +250,7 @@ func FromLookup(lookup func(string) (string, bool)) (*Config, error) {
 	c.DispatcherPollInterval = l.millis("KUMIKO_DISPATCHER_POLL_INTERVAL_MS", defaultDispatcherPollInterval, false)
 	c.DispatcherBatchSize = l.intRange("KUMIKO_DISPATCHER_BATCH_SIZE", defaultDispatcherBatchSize, 1, maxDispatcherBatchSize)
 	c.DispatcherPollOnly = l.boolean("KUMIKO_DISPATCHER_POLL_ONLY")
-	c.DrainTimeout = l.millis("KUMIKO_DRAIN_TIMEOUT_MS", defaultDrainTimeout, true)
+	c.DrainTimeout = l.millis("KUMIKO_DRAIN_TIMEOUT_MS", defaultDrainTimeout, false)
 	c.IdempotencyTTL = l.duration("KUMIKO_IDEMPOTENCY_TTL", defaultIdempotencyTTL, false)
 	c.ReplicaWait = l.millis("KUMIKO_REPLICA_WAIT_MS", defaultReplicaWait, false)
 	c.RunLocalJobs = l.boolean("KUMIKO_RUN_LOCAL_JOBS")

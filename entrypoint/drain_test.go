@@ -327,3 +327,29 @@ func TestStalledClientsAreCutOff(t *testing.T) {
 	require.Equal(t, 0, p.waitExit(t, wait))
 	require.Less(t, time.Since(start), 5*time.Second)
 }
+
+// TestSecondSignalEndsTheDrain: a second SIGTERM while the drain waits for
+// a request ends the process at once, by the signal, as SIGKILL would (the
+// write in flight rolls back).
+func TestSecondSignalEndsTheDrain(t *testing.T) {
+	t.Parallel()
+	db := kumikotest.NewDB(t)
+	rds := jobstest.StartRedis(t)
+	p := start(t, "second signal", procEnv("api", db.URL, rds.URL, "second-signal-1"))
+	p.waitReady(t)
+	release := blockOrders(t, db)
+	result := slowPlace(t, p)
+	waitBlocked(t, db)
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	time.Sleep(300 * time.Millisecond)
+	require.True(t, p.running(), "the first signal drains: the request in flight keeps the process")
+	start := time.Now()
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	require.Equal(t, -1, p.waitExit(t, wait), "ended by the signal")
+	require.Less(t, time.Since(start), 5*time.Second)
+	release()
+	require.NotEqual(t, http.StatusOK, <-result)
+	var orders int
+	require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM orders`).Scan(&orders))
+	require.Zero(t, orders)
+}

@@ -15,6 +15,13 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		// The first signal starts the drain; the default handling is back
+		// for the next one, so a second Ctrl-C (or SIGTERM) ends the
+		// process at once.
+		<-ctx.Done()
+		stop()
+	}()
 	code := cli.Main(ctx, os.Args[1:], features.Register, features.Routes)
 	stop()
 	os.Exit(code)
