@@ -13,13 +13,22 @@ END
 $$;
 -- +goose StatementEnd
 -- The connecting user switches to kumiko_tenant with SET LOCAL ROLE for every
--- tenant-scoped transaction; a non-superuser needs membership for that.
+-- tenant-scoped transaction; a non-superuser needs membership for that. The
+-- grant fails for a user that neither owns the role nor has ADMIN on it (the
+-- role was created by another owner, e.g. for a second environment on the
+-- same server): that is fine only when the user can use the role already (a
+-- member, or a superuser); otherwise every write would fail later, so the
+-- migration stops here and says what to run.
 -- +goose StatementBegin
 DO $$
 BEGIN
     EXECUTE format('GRANT kumiko_tenant TO %I', current_user);
 EXCEPTION WHEN OTHERS THEN
-    NULL; -- already a member, or a superuser (who needs no membership)
+    IF NOT pg_has_role(current_user, 'kumiko_tenant', 'MEMBER') THEN
+        RAISE EXCEPTION 'kumiko: the database user % is not a member of the role kumiko_tenant and cannot grant it to itself (%); have the owner of kumiko_tenant or a superuser run: GRANT kumiko_tenant TO %, then run kumiko migrate again',
+            current_user, SQLERRM, quote_ident(current_user)
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
 END
 $$;
 -- +goose StatementEnd
