@@ -1,11 +1,16 @@
 package entrypoint_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
+	"log/slog"
+	"net/http"
 	"net/url"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,6 +18,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kumiko-go/kumiko/entrypoint"
+	"github.com/kumiko-go/kumiko/features"
+	"github.com/kumiko-go/kumiko/framework/jobs/jobstest"
 	"github.com/kumiko-go/kumiko/framework/kumikotest"
 	"github.com/kumiko-go/kumiko/framework/migrate"
 )
@@ -90,4 +98,69 @@ func TestMigrateRefusesWithoutTenantRole(t *testing.T) {
 	require.NoError(t, err)
 	_, err = migrate.Up(context.Background(), pool, nil, nil)
 	require.NoError(t, err)
+}
+
+// syncBuffer is a bytes.Buffer safe for the concurrent writes of a logger.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// ungranted serves an api App on a database migrated while its user was
+// a member of kumiko_tenant (as an older migration left it when it
+// swallowed the failed grant) whose user is not a member now. It returns
+// the role and the App's log.
+func ungranted(t *testing.T) (role string, s *served, logs *syncBuffer) {
+	t.Helper()
+	role, dbURL, admin := roleDB(t)
+	ctx := context.Background()
+	_, err := admin.Exec(ctx, fmt.Sprintf(`GRANT kumiko_tenant TO %s`, role))
+	require.NoError(t, err)
+	_, err = migrate.Up(ctx, rolePool(t, dbURL), nil, nil)
+	require.NoError(t, err)
+	_, err = admin.Exec(ctx, fmt.Sprintf(`REVOKE kumiko_tenant FROM %s`, role))
+	require.NoError(t, err)
+	require.False(t, isMember(t, admin, role))
+
+	rds := jobstest.StartRedis(t)
+	logs = &syncBuffer{}
+	cfg := newConfig(t, map[string]string{"APP_MODE": "api", "DATABASE_URL": dbURL, "REDIS_URL": rds.URL})
+	s = serve(t, entrypoint.Options{Config: cfg, Register: features.Register,
+		Logger: slog.New(slog.NewJSONHandler(logs, nil))})
+	return role, s, logs
+}
+
+// TestTenantRoleMissingWriteIsInternal: when the database user is not a
+// member of kumiko_tenant, a write answers 500 internal (a server
+// misconfiguration, logged with its cause), not 403 access_denied.
+func TestTenantRoleMissingWriteIsInternal(t *testing.T) {
+	t.Parallel()
+	_, s, logs := ungranted(t)
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	code, body, err := post(ctx, t, s.url+"/api/write", "acme",
+		map[string]any{"type": "orders:write:place", "payload": map[string]any{"customer": "c", "amountCents": 100}})
+	require.NoError(t, err)
+	require.Equal(t, http.StatusInternalServerError, code, string(body))
+	var res struct {
+		Error struct {
+			Code string `json:"code"`
+		} `json:"error"`
+	}
+	require.NoError(t, json.Unmarshal(body, &res))
+	require.Equal(t, "internal", res.Error.Code)
+	require.Contains(t, logs.String(), "permission denied to set role")
+	require.Contains(t, logs.String(), "GRANT kumiko_tenant TO")
 }

@@ -294,8 +294,14 @@ func (t *Tx) ReadStream(ctx context.Context, stream Stream, asOf AsOf) ([]Envelo
 	return eventstore.ReadStream(ctx, t.db, t.streamRef(stream), asOf)
 }
 
-// translatePg maps the Postgres errors a client can cause to *Error.
+// translatePg maps the Postgres errors a client can cause to *Error. A
+// failure to begin or scope the transaction (*tenancy.ScopeError) is not
+// one: its 42501 is a missing membership in kumiko_tenant, a server
+// misconfiguration (internal), not a row-level security violation.
 func translatePg(err error) *Error {
+	if _, ok := errors.AsType[*tenancy.ScopeError](err); ok {
+		return nil
+	}
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
 		return nil

@@ -87,11 +87,7 @@ func (l *Lazy) queuePrefix(b *pgx.Batch) int {
 
 // fail records the failure of a pipeline that carried the prefix.
 func (l *Lazy) fail(err error) error {
-	if l.open {
-		l.err = fmt.Errorf("tenancy: switch to tenant %q: %w", l.tenant, err)
-	} else {
-		l.err = fmt.Errorf("tenancy: begin for tenant %q: %w", l.tenant, err)
-	}
+	l.err = &ScopeError{Tenant: l.tenant, Switch: l.open, Err: err}
 	return l.err
 }
 

@@ -15,6 +15,7 @@ package tenancy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -32,6 +33,45 @@ const Role = "kumiko_tenant"
 type Conn interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// ScopeError is the failure of BEGIN or of the scoping statement of a
+// tenant-scoped transaction ([Begin], [Switch] and the prefix of a [Lazy]).
+// No caller's input reaches these statements, so the failure is the
+// server's, never the client's: in particular insufficient_privilege
+// (42501) here means the connecting database user may not switch to [Role]
+// (it is not a member), not a row-level security violation. Err is the
+// cause.
+type ScopeError struct {
+	// Tenant is the tenant the transaction was to be scoped to.
+	Tenant string
+	// Switch is true for the re-scoping of an open transaction.
+	Switch bool
+	// Err is the cause.
+	Err error
+}
+
+// Error names the tenant and the cause, and how to fix a missing
+// membership in [Role].
+func (e *ScopeError) Error() string {
+	what := "begin for"
+	if e.Switch {
+		what = "switch to"
+	}
+	msg := fmt.Sprintf("tenancy: %s tenant %q: %v", what, e.Tenant, e.Err)
+	if e.Err != nil && e.Tenant != SystemTenantID && missingRole(e.Err) {
+		msg += " (the database user may not SET ROLE " + Role + ": have the role's owner or a superuser run GRANT " + Role + " TO <the user>)"
+	}
+	return msg
+}
+
+// Unwrap returns the cause.
+func (e *ScopeError) Unwrap() error { return e.Err }
+
+// missingRole reports whether err is Postgres' insufficient_privilege.
+func missingRole(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42501"
 }
 
 // Options tune [Begin].
@@ -68,7 +108,7 @@ func Begin(ctx context.Context, conn Conn, tenant string, opts Options) error {
 	}
 	QueueScope(b, tenant)
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
-		return fmt.Errorf("tenancy: begin for tenant %q: %w", tenant, err)
+		return &ScopeError{Tenant: tenant, Err: err}
 	}
 	return nil
 }
@@ -79,7 +119,7 @@ func Switch(ctx context.Context, conn Conn, tenant string) error {
 	b := &pgx.Batch{}
 	QueueScope(b, tenant)
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
-		return fmt.Errorf("tenancy: switch to tenant %q: %w", tenant, err)
+		return &ScopeError{Tenant: tenant, Switch: true, Err: err}
 	}
 	return nil
 }
