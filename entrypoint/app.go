@@ -353,6 +353,7 @@ func (a *App) Serve(ctx context.Context, ln net.Listener) error {
 	defer stopWork()
 	errc := make(chan error, 2)
 	var wg sync.WaitGroup
+	wg.Go(func() { a.logTenantRole(workCtx) })
 	if a.disp != nil {
 		wg.Go(func() {
 			// The hub's position must be set before its consumer's first
@@ -408,6 +409,19 @@ func (a *App) Serve(ctx context.Context, ln net.Listener) error {
 	a.state.Store(StateStopped)
 	a.log.Info("process stopped")
 	return runErr
+}
+
+// logTenantRole logs an ERROR at boot when the database user may not
+// switch to kumiko_tenant (see checkTenantRole): the process still starts
+// (readiness reports the problem), but the cause is in the log at once
+// rather than hidden behind failing requests. An unreachable database is
+// left to the readiness checks.
+func (a *App) logTenantRole(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, readyBudget)
+	defer cancel()
+	if err := a.checkTenantRole(ctx); errors.Is(err, errNoTenantRole) {
+		a.log.Error("database misconfigured: tenant-scoped transactions will fail", "error", err)
+	}
 }
 
 // primeHub positions the SSE hub, retrying while the database is

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kumiko-go/kumiko/framework/migrate"
+	"github.com/kumiko-go/kumiko/framework/tenancy"
 )
 
 // readyBudget bounds the whole readiness answer.
@@ -62,6 +63,7 @@ func (a *App) Ready(ctx context.Context) Readiness {
 		{"database", func(ctx context.Context) error { return a.pool.Ping(ctx) }},
 		{"redis", func(ctx context.Context) error { return a.redis.Ping(ctx).Err() }},
 		{"migrations", func(ctx context.Context) error { return migrate.Check(ctx, a.pool, a.migrations) }},
+		{"tenant_role", a.checkTenantRole},
 	}
 	if a.hub != nil {
 		checks = append(checks, check{"sse", func(context.Context) error {
@@ -112,6 +114,27 @@ func (a *App) Ready(ctx context.Context) Readiness {
 		}
 	}
 	return r
+}
+
+// errNoTenantRole is the failure of checkTenantRole for a user that is no
+// member of kumiko_tenant.
+var errNoTenantRole = errors.New("the database user may not SET ROLE " + tenancy.Role)
+
+// checkTenantRole fails when the pool's database user may not switch to
+// kumiko_tenant (not a member, and no superuser): every tenant-scoped
+// transaction would then fail at its SET ROLE. One cheap catalog query.
+func (a *App) checkTenantRole(ctx context.Context) error {
+	var user string
+	var member bool
+	err := a.pool.QueryRow(ctx, `SELECT quote_ident(current_user), pg_has_role(current_user, $1, 'MEMBER')`, tenancy.Role).Scan(&user, &member)
+	if err != nil {
+		return err
+	}
+	if !member {
+		return fmt.Errorf("%w: %s is not a member of it, so every tenant-scoped write and query fails; have the role's owner or a superuser run GRANT %s TO %s",
+			errNoTenantRole, user, tenancy.Role, user)
+	}
+	return nil
 }
 
 // lagSQL counts, per consumer of this process, the events after its cursor

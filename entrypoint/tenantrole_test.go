@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -140,6 +141,32 @@ func ungranted(t *testing.T) (role string, s *served, logs *syncBuffer) {
 	s = serve(t, entrypoint.Options{Config: cfg, Register: features.Register,
 		Logger: slog.New(slog.NewJSONHandler(logs, nil))})
 	return role, s, logs
+}
+
+// TestTenantRoleMissingIsReported: when the database user is not a member
+// of kumiko_tenant, boot logs an ERROR and readiness fails, both naming
+// the GRANT to run.
+func TestTenantRoleMissingIsReported(t *testing.T) {
+	t.Parallel()
+	role, s, logs := ungranted(t)
+	deadline := time.Now().Add(wait)
+	for !strings.Contains(logs.String(), `"level":"ERROR","msg":"database misconfigured`) {
+		require.True(t, time.Now().Before(deadline), "no boot ERROR; logs:\n%s", logs.String())
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.Contains(t, logs.String(), "GRANT kumiko_tenant TO "+role)
+
+	r := s.app.Ready(context.Background())
+	require.Equal(t, "unavailable", r.Status)
+	var check *entrypoint.Check
+	for i := range r.Checks {
+		if r.Checks[i].Name == "tenant_role" {
+			check = &r.Checks[i]
+		}
+	}
+	require.NotNil(t, check, "%+v", r.Checks)
+	require.False(t, check.OK)
+	require.Contains(t, check.Error, "GRANT kumiko_tenant TO "+role)
 }
 
 // TestTenantRoleMissingWriteIsInternal: when the database user is not a
