@@ -725,10 +725,7 @@ func (d *Dispatcher) attempt(ctx context.Context, conn *pgx.Conn, c *consumerRun
 			want = env.TenantID
 		}
 		tx = framework.ReuseEventTx(tx, sc.db(want), d.reg, env)
-		aerr := c.Apply(ctx, tx, env)
-		if aerr == nil && tx.HasPending() {
-			_, aerr = tx.Flush(ctx)
-		}
+		aerr := applyAndFlush(ctx, c.Apply, tx, env)
 		sc.settle()
 		if sc.queueErr != nil {
 			if ctx.Err() == nil {
@@ -869,6 +866,24 @@ func recoverApply(apply func(context.Context, *framework.Tx, framework.Envelope)
 		}()
 		return apply(ctx, tx, env)
 	}
+}
+
+// applyAndFlush runs apply and writes the events it appended, which runs
+// their inline projections; a panic in either (an inline projection's too)
+// fails the event as a *panicError.
+func applyAndFlush(ctx context.Context, apply func(context.Context, *framework.Tx, framework.Envelope) error, tx *framework.Tx, env framework.Envelope) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &panicError{value: v, stack: debug.Stack()}
+		}
+	}()
+	if err := apply(ctx, tx, env); err != nil {
+		return err
+	}
+	if tx.HasPending() {
+		_, err = tx.Flush(ctx)
+	}
+	return err
 }
 
 // recoverBeforeCommit returns hook with a panic turned into a *panicError.

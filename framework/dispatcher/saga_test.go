@@ -146,3 +146,29 @@ func TestInlineProjectionFailureInPassFailsTheEvent(t *testing.T) {
 		})
 	}
 }
+
+// TestPanickingInlineProjectionInAPassFailsTheEvent: an inline projection
+// of an event a saga appends runs in the pass (in the flush after the
+// saga's handler); its panic fails the saga's event like the handler's own
+// would, instead of ending the process.
+func TestPanickingInlineProjectionInAPassFailsTheEvent(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(b *bundle) {
+		sagaWithInline(b, nil, func(n int) error {
+			if n == 1 {
+				var m map[string]int
+				//lint:ignore SA5000 the projection panics on purpose
+				m["boom"] = 1
+			}
+			return nil
+		})
+	})
+	d := newDispatcher(t, b, nil)
+	b.write(t, "t1", 0, 3, 1)
+	b.db.WaitVisible(t)
+	n, err := d.RunOnce(context.Background(), "test:saga")
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "the event before the panic commits")
+	st := state(t, b, "test:saga", dispatcher.SharedInstance)
+	require.Equal(t, "dead", st.status)
+}
