@@ -206,11 +206,13 @@ type Response struct {
 }
 
 // claimScript: KEYS[1] record; ARGV owner, fingerprint, lease ms, ttl ms.
+// A claim run twice by its owner (go-redis retries a command whose answer
+// was late) answers claimed both times.
 var claimScript = redisauto.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local r = redis.call('HMGET', KEYS[1], 'state', 'owner', 'fp', 'lease')
-if not r[1] then
+if not r[1] or (r[1] == 'pending' and r[2] == ARGV[1]) then
   redis.call('HSET', KEYS[1], 'state', 'pending', 'owner', ARGV[1], 'fp', ARGV[2], 'lease', now + tonumber(ARGV[3]))
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
   return {'claimed'}
