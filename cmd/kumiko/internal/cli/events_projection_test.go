@@ -315,6 +315,12 @@ func (f *logFixture) startKilled(t *testing.T) {
 		}
 	}()
 	_ = cmd.Wait()
+	// Its server backend ends (releasing the rebuild lock) once it notices
+	// the client is gone: a moment later, not when the process is reaped.
+	require.Eventually(t, func() bool {
+		return f.int(t, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`) == 0
+	}, 10*time.Second, 10*time.Millisecond, "the killed rebuild's backend still holds its lock")
 	require.Equal(t, int64(1), f.int(t, `SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'kumiko_rebuild%'`), "the killed rebuild leaves its shadow schema")
 	require.Equal(t, int64(1), f.int(t, `SELECT count(*) FROM event_consumers WHERE name = 'orders:order-totals#rebuild'`))
 }
