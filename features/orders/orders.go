@@ -26,10 +26,14 @@ type Cancelled struct {
 	OrderID string `json:"orderId" validate:"required,uuid"`
 }
 
-// PlaceInput is the payload of orders:write:place.
+// PlaceInput is the payload of orders:write:place. The amount is capped
+// (ten billion in the currency's units) so that no client can overflow the
+// bigint sums of orders:order-totals: that projection is shared by every
+// tenant, and an upsert failing on one tenant's event would stop it for
+// all of them.
 type PlaceInput struct {
 	Customer    string `json:"customer" validate:"required,max=200"`
-	AmountCents int64  `json:"amountCents" validate:"gte=0"`
+	AmountCents int64  `json:"amountCents" validate:"gte=0,lte=1000000000000"`
 }
 
 // CancelInput is the payload of orders:write:cancel.

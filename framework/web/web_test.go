@@ -323,6 +323,10 @@ func TestRejected(t *testing.T) {
 			400, "validation_error", []check{field("customer", "max")}},
 		{"negative amount", request{path: "/api/write", token: tok, body: placeBody(map[string]any{"customer": "A", "amountCents": -1})},
 			400, "validation_error", []check{field("amountCents", "gte")}},
+		// Two such orders would overflow the bigint sum of the shared
+		// orders:order-totals projection and stop it for every tenant.
+		{"amount over the cap", request{path: "/api/write", token: tok, body: placeBody(map[string]any{"customer": "A", "amountCents": int64(1) << 62})},
+			400, "validation_error", []check{field("amountCents", "lte")}},
 		{"wrong type", request{path: "/api/write", token: tok, body: placeBody(map[string]any{"customer": 5})},
 			400, "validation_error", []check{field("customer", "type")}},
 		{"unknown payload field", request{path: "/api/write", token: tok, body: placeBody(map[string]any{"customer": "A", "colour": "red"})},
