@@ -92,19 +92,30 @@ func Horizon(ctx context.Context, db DB) (uint64, error) {
 type AsOf struct {
 	// Version, when > 0, reads the stream up to and including this version.
 	Version int64
-	// Time, when non-zero, reads the events created at or before it.
+	// Time, when non-zero, reads the stream as it was at that time: its
+	// events up to the first one created after it. (An event's creation
+	// time is its transaction's start, so a transaction that started
+	// earlier may append a later version: such a version and the ones
+	// after it count as after the time, never leaving a gap.)
 	Time time.Time
 }
+
+// ErrTruncated is returned (wrapped) when a stream's events do not run
+// 1, 2, 3, ... up to its version: some were deleted (a prune of its event
+// types with `kumiko events prune --types`). Folding what is left would
+// give a wrong state.
+var ErrTruncated = errors.New("eventstore: the stream misses events (pruned?); its state cannot be rebuilt")
 
 const readStream = `SELECT ` + recordColumns + ` FROM events
 WHERE tenant_id = $1 AND stream_type = $2 AND stream_id = $3
   AND ($4::bigint = 0 OR version <= $4)
-  AND ($5::timestamptz IS NULL OR created_at <= $5)
+  AND ($5::timestamptz IS NULL OR version < coalesce((SELECT min(version) FROM events
+        WHERE tenant_id = $1 AND stream_type = $2 AND stream_id = $3 AND created_at > $5), 9223372036854775807))
 ORDER BY version`
 
 // ReadStream returns a stream's events in version order, bounded by asOf.
 // It reads what the caller's transaction sees (its own uncommitted appends
-// included).
+// included). Events missing from the stream (pruned) are [ErrTruncated].
 func ReadStream(ctx context.Context, db DB, stream StreamRef, asOf AsOf) ([]Record, error) {
 	var at *time.Time
 	if !asOf.Time.IsZero() {
@@ -117,6 +128,11 @@ func ReadStream(ctx context.Context, db DB, stream StreamRef, asOf AsOf) ([]Reco
 	recs, err := collect(rows)
 	if err != nil {
 		return nil, fmt.Errorf("eventstore: read stream %s: %w", stream, err)
+	}
+	for i, r := range recs {
+		if r.Version != int64(i)+1 {
+			return nil, fmt.Errorf("%w: %s has version %d where %d belongs", ErrTruncated, stream, r.Version, i+1)
+		}
 	}
 	return recs, nil
 }
@@ -139,6 +155,9 @@ func FetchForWriting(ctx context.Context, db DB, stream StreamRef) ([]Record, in
 	recs, err := ReadStream(ctx, db, stream, AsOf{})
 	if err != nil {
 		return nil, 0, err
+	}
+	if int64(len(recs)) != v {
+		return nil, 0, fmt.Errorf("%w: %s is at version %d and holds %d events", ErrTruncated, stream, v, len(recs))
 	}
 	return recs, v, nil
 }
