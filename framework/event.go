@@ -26,7 +26,10 @@ type EventOptions struct {
 	// lifts a v payload to v+1. Every older version needs one.
 	Upcasters map[int]Upcaster
 	// PubSub marks a notification type that belongs to no aggregate's
-	// history; `kumiko events prune` deletes such types by default.
+	// history; `kumiko events prune` deletes such types by default. Append
+	// it to streams of its own (as jobs:event:dispatched does): a stream
+	// that loses events to a prune can no longer be read for folding
+	// ([eventstore.ErrTruncated]).
 	PubSub bool
 }
 
