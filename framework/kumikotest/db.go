@@ -168,13 +168,23 @@ func dropDatabase(name string) {
 	_, _ = admin.Exec(ctx, fmt.Sprintf(`DROP DATABASE IF EXISTS %s WITH (FORCE)`, name))
 }
 
-// WithDatabase returns base with its database path replaced by name.
+// WithDatabase returns the connection string base with its database
+// replaced by name: the path of a URL (dropping `dbname` and `database`
+// query parameters, which would override it), or a `dbname` keyword
+// appended to a keyword/value string (the last one wins).
 func WithDatabase(base, name string) string {
+	if !strings.Contains(base, "://") {
+		return strings.TrimSpace(base) + " dbname=" + name
+	}
 	u, err := url.Parse(base)
 	if err != nil {
-		return base
+		return base // pgx fails on it too, at the first connection
 	}
 	u.Path = "/" + name
+	q := u.Query()
+	q.Del("dbname")
+	q.Del("database")
+	u.RawQuery = q.Encode()
 	return u.String()
 }
 

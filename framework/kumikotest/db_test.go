@@ -77,3 +77,21 @@ func TestCloseAndDropDoesNotHangOnAHeldConnection(t *testing.T) {
 	require.Empty(t, rec.errors)
 	require.False(t, databaseExists(t, db.Name))
 }
+
+// WithDatabase points every form of connection string at the named
+// database: a `dbname` or `database` query parameter would otherwise win
+// over the URL's path (and tests would write into that database), and a
+// keyword/value string has no path at all.
+func TestWithDatabaseOverridesEveryForm(t *testing.T) {
+	t.Parallel()
+	for _, base := range []string{
+		"postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
+		"postgres://postgres@127.0.0.1:5432/?dbname=postgres&sslmode=disable",
+		"postgresql://u:p%40ss@db.example.com/app?database=postgres",
+		"host=127.0.0.1 user=postgres dbname=postgres sslmode=disable",
+	} {
+		cfg, err := pgx.ParseConfig(WithDatabase(base, "kumiko_t_x"))
+		require.NoError(t, err, base)
+		require.Equal(t, "kumiko_t_x", cfg.Database, base)
+	}
+}
