@@ -186,7 +186,6 @@ func New(pool *pgxpool.Pool, reg *framework.Registry, consumers []Consumer, cfg 
 		cons.Delivery = cmp.Or(cons.Delivery, framework.DeliveryShared)
 		cons.MaxAttempts = cmp.Or(cons.MaxAttempts, 10)
 		cons.BatchSize = cmp.Or(cons.BatchSize, c.BatchSize)
-		cons.Apply = recoverApply(cons.Apply)
 		cons.BeforeCommit = recoverBeforeCommit(cons.BeforeCommit)
 		inst := SharedInstance
 		if cons.Delivery == framework.DeliveryPerInstance {
@@ -851,21 +850,6 @@ func (p *panicError) Error() string { return fmt.Sprintf("panic: %v", p.value) }
 func (p *panicError) Unwrap() error {
 	err, _ := p.value.(error)
 	return err
-}
-
-// recoverApply returns apply with a panic turned into a *panicError.
-func recoverApply(apply func(context.Context, *framework.Tx, framework.Envelope) error) func(context.Context, *framework.Tx, framework.Envelope) error {
-	if apply == nil {
-		return nil
-	}
-	return func(ctx context.Context, tx *framework.Tx, env framework.Envelope) (err error) {
-		defer func() {
-			if v := recover(); v != nil {
-				err = &panicError{value: v, stack: debug.Stack()}
-			}
-		}()
-		return apply(ctx, tx, env)
-	}
 }
 
 // applyAndFlush runs apply and writes the events it appended, which runs
