@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -33,19 +32,6 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
-}
-
-func sharedRedis(t *testing.T) *redis.Client {
-	t.Helper()
-	url := os.Getenv("KUMIKO_TEST_REDIS_URL")
-	if url == "" {
-		url = "redis://127.0.0.1:6379/0"
-	}
-	opts, err := redis.ParseURL(url)
-	require.NoError(t, err)
-	c := redis.NewClient(opts)
-	t.Cleanup(func() { _ = c.Close() })
-	return c
 }
 
 // tokens is a ReadRouter over a real pool that records the consistency
@@ -133,7 +119,7 @@ func (b *bundle) get(t *testing.T, c framework.Call, id string) (orders.Order, e
 
 func TestHitMissAndTokenSkipsCache(t *testing.T) {
 	t.Parallel()
-	b := setup(t, sharedRedis(t), false)
+	b := setup(t, redistest.Shared(t), false)
 	id := b.place(t, "acme", "Ada")
 
 	first, err := b.get(t, call("acme"), id)
@@ -168,7 +154,7 @@ func TestHitMissAndTokenSkipsCache(t *testing.T) {
 
 func TestInvalidationThroughAnEvent(t *testing.T) {
 	t.Parallel()
-	b := setup(t, sharedRedis(t), true)
+	b := setup(t, redistest.Shared(t), true)
 	id := b.place(t, "acme", "Ada")
 	o, err := b.get(t, call("acme"), id)
 	require.NoError(t, err)
@@ -204,7 +190,7 @@ func TestInvalidationThroughAnEvent(t *testing.T) {
 // the cancel invalidates it and the next upper-case read sees the cancel.
 func TestSpellingsOfAnIDShareOneEntry(t *testing.T) {
 	t.Parallel()
-	b := setup(t, sharedRedis(t), true)
+	b := setup(t, redistest.Shared(t), true)
 	id := b.place(t, "acme", "Ada")
 	upper := strings.ToUpper(id)
 	require.NotEqual(t, id, upper)
@@ -227,7 +213,7 @@ func TestSpellingsOfAnIDShareOneEntry(t *testing.T) {
 
 func TestTenantsNeverShareEntries(t *testing.T) {
 	t.Parallel()
-	b := setup(t, sharedRedis(t), false)
+	b := setup(t, redistest.Shared(t), false)
 	id := b.place(t, "acme", "Ada")
 	_, err := b.get(t, call("acme"), id)
 	require.NoError(t, err)
@@ -241,7 +227,7 @@ func TestTenantsNeverShareEntries(t *testing.T) {
 
 func TestBadPayloadIsRejectedBeforeTheCache(t *testing.T) {
 	t.Parallel()
-	b := setup(t, sharedRedis(t), false)
+	b := setup(t, redistest.Shared(t), false)
 	_, err := b.rt.Query(t.Context(), call("acme"), framework.Command{Type: "orders:query:get", Payload: []byte(`{"orderId":"nope"}`)})
 	var ve *framework.ValidationError
 	require.ErrorAs(t, err, &ve)
@@ -308,7 +294,7 @@ func TestHangingRedisFallsBackWithinTheReadTimeout(t *testing.T) {
 
 func TestFillRacingAnInvalidationIsDropped(t *testing.T) {
 	t.Parallel()
-	c, err := cache.New(sharedRedis(t), &cache.Config{Prefix: "kumiko-test:cache:" + randomHex(6)})
+	c, err := cache.New(redistest.Shared(t), &cache.Config{Prefix: "kumiko-test:cache:" + randomHex(6)})
 	require.NoError(t, err)
 	ctx := t.Context()
 	v, stamp, err := c.Lookup(ctx, "acme", "q", "k")
@@ -337,7 +323,7 @@ func TestFillRacingAnInvalidationIsDropped(t *testing.T) {
 
 func TestNoConsumerWithoutCachedQueries(t *testing.T) {
 	t.Parallel()
-	c, err := cache.New(sharedRedis(t), nil)
+	c, err := cache.New(redistest.Shared(t), nil)
 	require.NoError(t, err)
 	_, ok := c.Consumer(framework.NewRegistry())
 	require.False(t, ok)
@@ -365,7 +351,7 @@ func TestRegistrationProblems(t *testing.T) {
 
 func TestUndecodableEntryIsReplaced(t *testing.T) {
 	t.Parallel()
-	b := setup(t, sharedRedis(t), false)
+	b := setup(t, redistest.Shared(t), false)
 	id := b.place(t, "acme", "Ada")
 	ctx := t.Context()
 	// An entry of an older result shape, after an invalidation stamped it.

@@ -1,10 +1,9 @@
 package idempotency
 
 import (
-	"os"
 	"testing"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/kumiko-go/kumiko/internal/redistest"
 	"github.com/stretchr/testify/require"
 )
 
@@ -14,14 +13,7 @@ import (
 // key waiting out a lease nobody renews.
 func TestClaimRunTwiceByItsOwnerIsClaimed(t *testing.T) {
 	t.Parallel()
-	url := os.Getenv("KUMIKO_TEST_REDIS_URL")
-	if url == "" {
-		url = "redis://127.0.0.1:6379/0"
-	}
-	opts, err := redis.ParseURL(url)
-	require.NoError(t, err)
-	rdb := redis.NewClient(opts)
-	t.Cleanup(func() { _ = rdb.Close() })
+	rdb := redistest.Shared(t)
 	s, err := New(rdb, &Config{Prefix: "kumiko-test:idem:" + newOwner()[:12]})
 	require.NoError(t, err)
 	key := s.redisKey(Scope{TenantID: "acme", UserID: "alice", Key: "twice"})

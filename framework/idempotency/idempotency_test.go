@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"net/http"
-	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -24,21 +23,6 @@ import (
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
-}
-
-// redisURL is the shared test Redis (isolation by key prefix).
-func sharedRedis(t *testing.T) *redis.Client {
-	t.Helper()
-	url := os.Getenv("KUMIKO_TEST_REDIS_URL")
-	if url == "" {
-		url = "redis://127.0.0.1:6379/0"
-	}
-	opts, err := redis.ParseURL(url)
-	require.NoError(t, err)
-	c := redis.NewClient(opts)
-	t.Cleanup(func() { _ = c.Close() })
-	require.NoError(t, c.Ping(t.Context()).Err(), "the tests need Redis at %s", url)
-	return c
 }
 
 func randomHex(n int) string {
@@ -85,7 +69,7 @@ func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
 
 func TestSequentialReplay(t *testing.T) {
 	t.Parallel()
-	s, reg := newStore(t, sharedRedis(t), idempotency.Config{})
+	s, reg := newStore(t, redistest.Shared(t), idempotency.Config{})
 	ctx := t.Context()
 
 	claim, replay, err := s.Begin(ctx, scope("k1"), "fp")
@@ -120,7 +104,7 @@ func TestSequentialReplay(t *testing.T) {
 
 func TestFingerprintMismatch(t *testing.T) {
 	t.Parallel()
-	s, _ := newStore(t, sharedRedis(t), idempotency.Config{})
+	s, _ := newStore(t, redistest.Shared(t), idempotency.Config{})
 	ctx := t.Context()
 	claim, _, err := s.Begin(ctx, scope("k"), "fp-1")
 	require.NoError(t, err)
@@ -139,7 +123,7 @@ func TestFingerprintMismatch(t *testing.T) {
 
 func TestScopeIsolation(t *testing.T) {
 	t.Parallel()
-	s, _ := newStore(t, sharedRedis(t), idempotency.Config{})
+	s, _ := newStore(t, redistest.Shared(t), idempotency.Config{})
 	ctx := t.Context()
 	scopes := []idempotency.Scope{
 		{TenantID: "acme", UserID: "alice", Key: "same"},
@@ -164,7 +148,7 @@ func TestScopeIsolation(t *testing.T) {
 
 func TestConcurrentDuplicatesWaitForTheOwner(t *testing.T) {
 	t.Parallel()
-	s, reg := newStore(t, sharedRedis(t), idempotency.Config{})
+	s, reg := newStore(t, redistest.Shared(t), idempotency.Config{})
 	ctx := t.Context()
 	const n = 16
 	var claims atomic.Int32
@@ -202,7 +186,7 @@ func TestConcurrentDuplicatesWaitForTheOwner(t *testing.T) {
 
 func TestWaitTimeoutIsInProgress(t *testing.T) {
 	t.Parallel()
-	s, _ := newStore(t, sharedRedis(t), idempotency.Config{WaitTimeout: 150 * time.Millisecond})
+	s, _ := newStore(t, redistest.Shared(t), idempotency.Config{WaitTimeout: 150 * time.Millisecond})
 	ctx := t.Context()
 	claim, _, err := s.Begin(ctx, scope("slow"), "fp")
 	require.NoError(t, err)
@@ -215,7 +199,7 @@ func TestWaitTimeoutIsInProgress(t *testing.T) {
 
 func TestCrashedOwnerIsReclaimed(t *testing.T) {
 	t.Parallel()
-	s, reg := newStore(t, sharedRedis(t), idempotency.Config{Lease: 300 * time.Millisecond})
+	s, reg := newStore(t, redistest.Shared(t), idempotency.Config{Lease: 300 * time.Millisecond})
 	ctx := t.Context()
 	crashed, _, err := s.Begin(ctx, scope("crash"), "fp")
 	require.NoError(t, err)
@@ -241,7 +225,7 @@ func TestCrashedOwnerIsReclaimed(t *testing.T) {
 
 func TestStaleOwnerCannotOverwrite(t *testing.T) {
 	t.Parallel()
-	s, _ := newStore(t, sharedRedis(t), idempotency.Config{Lease: 200 * time.Millisecond})
+	s, _ := newStore(t, redistest.Shared(t), idempotency.Config{Lease: 200 * time.Millisecond})
 	ctx := t.Context()
 	stale, _, err := s.Begin(ctx, scope("stale"), "fp")
 	require.NoError(t, err)
@@ -262,7 +246,7 @@ func TestStaleOwnerCannotOverwrite(t *testing.T) {
 
 func TestLeaseIsRenewedWhileTheOwnerRuns(t *testing.T) {
 	t.Parallel()
-	s, _ := newStore(t, sharedRedis(t), idempotency.Config{Lease: 150 * time.Millisecond})
+	s, _ := newStore(t, redistest.Shared(t), idempotency.Config{Lease: 150 * time.Millisecond})
 	ctx := t.Context()
 	owner, _, err := s.Begin(ctx, scope("long"), "fp")
 	require.NoError(t, err)
@@ -283,7 +267,7 @@ func TestLeaseIsRenewedWhileTheOwnerRuns(t *testing.T) {
 
 func TestReleaseLetsTheNextRequestRun(t *testing.T) {
 	t.Parallel()
-	s, _ := newStore(t, sharedRedis(t), idempotency.Config{})
+	s, _ := newStore(t, redistest.Shared(t), idempotency.Config{})
 	ctx := t.Context()
 	claim, _, err := s.Begin(ctx, scope("rel"), "fp")
 	require.NoError(t, err)
@@ -297,7 +281,7 @@ func TestReleaseLetsTheNextRequestRun(t *testing.T) {
 
 func TestTTL(t *testing.T) {
 	t.Parallel()
-	rdb := sharedRedis(t)
+	rdb := redistest.Shared(t)
 	prefix := "kumiko-test:idem:" + randomHex(6)
 	s, _ := newStore(t, rdb, idempotency.Config{Prefix: prefix, TTL: 2 * time.Hour})
 	ctx := t.Context()
@@ -346,7 +330,7 @@ func TestFinishWhileRedisDown(t *testing.T) {
 
 func TestBeginHonoursContext(t *testing.T) {
 	t.Parallel()
-	s, _ := newStore(t, sharedRedis(t), idempotency.Config{})
+	s, _ := newStore(t, redistest.Shared(t), idempotency.Config{})
 	held, _, err := s.Begin(t.Context(), scope("ctx"), "fp")
 	require.NoError(t, err)
 	defer held.Abandon()
@@ -359,7 +343,7 @@ func TestBeginHonoursContext(t *testing.T) {
 func TestMetricsRegisterTwice(t *testing.T) {
 	t.Parallel()
 	reg := prometheus.NewRegistry()
-	rdb := sharedRedis(t)
+	rdb := redistest.Shared(t)
 	_, err := idempotency.New(rdb, &idempotency.Config{Metrics: reg})
 	require.NoError(t, err)
 	_, err = idempotency.New(rdb, &idempotency.Config{Metrics: reg})
@@ -415,7 +399,7 @@ func FuzzFingerprint(f *testing.F) {
 
 func TestFinishAsyncAndClose(t *testing.T) {
 	t.Parallel()
-	s, _ := newStore(t, sharedRedis(t), idempotency.Config{})
+	s, _ := newStore(t, redistest.Shared(t), idempotency.Config{})
 	ctx := t.Context()
 	const n = 20
 	errs := make(chan error, n+1)
@@ -445,7 +429,7 @@ func TestFinishAsyncAndClose(t *testing.T) {
 // without harming the others.
 func TestBatchedFinishes(t *testing.T) {
 	t.Parallel()
-	s, _ := newStore(t, sharedRedis(t), idempotency.Config{Lease: 200 * time.Millisecond})
+	s, _ := newStore(t, redistest.Shared(t), idempotency.Config{Lease: 200 * time.Millisecond})
 	ctx := t.Context()
 	release := idempotency.HoldFinishes(s)
 
@@ -553,7 +537,7 @@ func TestFinishAsyncDoesNotWaitForAStuckRenewal(t *testing.T) {
 // reclaiming the key and running again.
 func TestQueuedResponseKeepsItsLease(t *testing.T) {
 	t.Parallel()
-	s, _ := newStore(t, sharedRedis(t), idempotency.Config{Lease: 300 * time.Millisecond, WaitTimeout: 200 * time.Millisecond})
+	s, _ := newStore(t, redistest.Shared(t), idempotency.Config{Lease: 300 * time.Millisecond, WaitTimeout: 200 * time.Millisecond})
 	ctx := t.Context()
 	release := idempotency.HoldFinishes(s)
 	claim, _, err := s.Begin(ctx, scope("queued"), "fp")

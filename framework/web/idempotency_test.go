@@ -64,7 +64,7 @@ func setupIdem(t *testing.T, o idemOptions) *idemBundle {
 		o.db = kumikotest.NewDB(t)
 	}
 	if o.rdb == nil {
-		o.rdb = testRedis(t)
+		o.rdb = redistest.Shared(t)
 	}
 	if o.prefix == "" {
 		o.prefix = "kumiko-test:idem:" + randHex(6)
@@ -109,19 +109,6 @@ func setupIdem(t *testing.T, o idemOptions) *idemBundle {
 		bundle: &bundle{db: o.db, url: srv.URL, client: srv.Client(), keys: keys, logs: logs},
 		store:  store, prefix: o.prefix, calls: calls,
 	}
-}
-
-func testRedis(t testing.TB) *redis.Client {
-	t.Helper()
-	url := os.Getenv("KUMIKO_TEST_REDIS_URL")
-	if url == "" {
-		url = "redis://127.0.0.1:6379/0"
-	}
-	opts, err := redis.ParseURL(url)
-	require.NoError(t, err)
-	c := redis.NewClient(opts)
-	t.Cleanup(func() { _ = c.Close() })
-	return c
 }
 
 func randHex(n int) string {
@@ -485,7 +472,7 @@ func TestCrashedOwnerIsReclaimed(t *testing.T) {
 			_ = res.Body.Close()
 		}
 	}()
-	rdb := testRedis(t)
+	rdb := redistest.Shared(t)
 	require.Eventually(t, func() bool {
 		n, err := rdb.Exists(t.Context(), prefix+":acme:alice:"+key).Result()
 		return err == nil && n == 1

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"strconv"
 	"sync"
@@ -112,6 +113,27 @@ func (s *Server) signal(sig syscall.Signal) {
 	if err := s.cmd.Process.Signal(sig); err != nil {
 		s.t.Fatalf("redistest: signal %s: %v", s, err)
 	}
+}
+
+// Shared returns a client of the Redis that tests share (KUMIKO_TEST_REDIS_URL,
+// default redis://127.0.0.1:6379/0), closed when the test ends; tests keep
+// apart by key prefix. It fails the test when that Redis does not answer.
+func Shared(t testing.TB) *redis.Client {
+	t.Helper()
+	url := os.Getenv("KUMIKO_TEST_REDIS_URL")
+	if url == "" {
+		url = "redis://127.0.0.1:6379/0"
+	}
+	opts, err := redis.ParseURL(url)
+	if err != nil {
+		t.Fatalf("redistest: KUMIKO_TEST_REDIS_URL: %v", err)
+	}
+	c := redis.NewClient(opts)
+	t.Cleanup(func() { _ = c.Close() })
+	if err := c.Ping(context.Background()).Err(); err != nil {
+		t.Fatalf("redistest: the tests need Redis at %s: %v", url, err)
+	}
+	return c
 }
 
 func freePort(t testing.TB) int {
