@@ -139,11 +139,19 @@ func (c *consumerRun) knownRow() knownState {
 	return c.known
 }
 
-// New validates the consumers and returns a dispatcher. It fails on the
-// reserved instance id, an empty or duplicate consumer name, or a nil Apply.
+// New validates the consumers and returns a dispatcher. It builds reg
+// ([framework.Registry.Build]; the events handlers append run the inline
+// projections of a built registry only) and fails on its registration
+// problems, the reserved instance id, an empty or duplicate consumer name,
+// or a nil Apply.
 func New(pool *pgxpool.Pool, reg *framework.Registry, consumers []Consumer, cfg *Config) (*Dispatcher, error) {
 	if cfg == nil {
 		cfg = &Config{}
+	}
+	if reg != nil {
+		if err := reg.Build(); err != nil {
+			return nil, fmt.Errorf("dispatcher: registry: %w", err)
+		}
 	}
 	c := *cfg
 	if c.InstanceID == "" {

@@ -172,3 +172,30 @@ func TestPanickingInlineProjectionInAPassFailsTheEvent(t *testing.T) {
 	st := state(t, b, "test:saga", dispatcher.SharedInstance)
 	require.Equal(t, "dead", st.status)
 }
+
+// TestNewBuildsTheRegistry: a dispatcher given a registry nobody built yet
+// (no Runtime made from it) builds it, so that a saga's events still run
+// their inline projections; a registry with registration problems is
+// refused.
+func TestNewBuildsTheRegistry(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil) // writes the noted events
+	unbuilt := &bundle{db: b.db, reg: framework.NewRegistry()}
+	unbuilt.f = unbuilt.reg.Feature("test")
+	unbuilt.noted = framework.DefineEvent[noted](unbuilt.f, "noted", nil)
+	sagaWithInline(unbuilt, nil, nil)
+	d := newDispatcher(t, unbuilt, nil)
+	b.write(t, "t1", 0, 3, 1)
+	b.db.WaitVisible(t)
+	n, err := d.RunOnce(context.Background(), "test:saga")
+	require.NoError(t, err)
+	require.Equal(t, 3, n)
+	require.Len(t, positions(t, b, `SELECT position FROM seen WHERE consumer = 'derived-log'`), 3,
+		"the saga's events skipped their inline projection")
+
+	broken := framework.NewRegistry()
+	framework.DefineEvent[noted](broken.Feature("test"), "noted", nil)
+	framework.DefineEvent[noted](broken.Feature("test"), "noted", nil)
+	_, err = dispatcher.New(b.db.Pool, broken, nil, &dispatcher.Config{InstanceID: "broken"})
+	require.ErrorContains(t, err, "noted")
+}
