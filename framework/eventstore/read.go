@@ -106,16 +106,32 @@ type AsOf struct {
 // give a wrong state.
 var ErrTruncated = errors.New("eventstore: the stream misses events (pruned?); its state cannot be rebuilt")
 
-const readStream = `SELECT ` + recordColumns + ` FROM events
-WHERE tenant_id = $1 AND stream_type = $2 AND stream_id = $3
-  AND ($4::bigint = 0 OR version <= $4)
-  AND ($5::timestamptz IS NULL OR version < coalesce((SELECT min(version) FROM events
-        WHERE tenant_id = $1 AND stream_type = $2 AND stream_id = $3 AND created_at > $5), 9223372036854775807))
-ORDER BY version`
+// readStream drives the read from the stream's head row, so that the
+// version the read must end at (last) comes from the same snapshot as the
+// events: the head, or the asOf version, or the version before the first
+// event created after the asOf time, whichever is lowest. A stream that
+// exists yields at least one row (position 0 when none of its events is
+// left); one that does not exist yields none.
+const readStream = `WITH h AS (
+  SELECT LEAST(s.version, CASE WHEN $4::bigint > 0 THEN $4 END,
+    (SELECT min(version) - 1 FROM events
+      WHERE tenant_id = $1 AND stream_type = $2 AND stream_id = $3 AND created_at > $5::timestamptz)) AS last
+  FROM streams s WHERE s.tenant_id = $1 AND s.stream_type = $2 AND s.stream_id = $3
+)
+SELECT h.last, coalesce(e.position, 0), coalesce(e.commit_key, '0'), coalesce(e.tenant_id, ''),
+  coalesce(e.stream_type, ''), coalesce(e.stream_id, ''), coalesce(e.version, 0), coalesce(e.type, ''),
+  coalesce(e.type_version, 0), e.payload, coalesce(e.metadata, '{}'), coalesce(e.created_at, 'epoch')
+FROM h LEFT JOIN LATERAL (SELECT ` + recordColumns + ` FROM events
+  WHERE tenant_id = $1 AND stream_type = $2 AND stream_id = $3 AND version <= h.last
+  ORDER BY version) e ON true
+ORDER BY e.version`
 
 // ReadStream returns a stream's events in version order, bounded by asOf.
 // It reads what the caller's transaction sees (its own uncommitted appends
-// included). Events missing from the stream (pruned) are [ErrTruncated].
+// included). A stream that misses any event the read should return
+// (pruned; also its latest ones, or all of them) is [ErrTruncated]; a
+// read bounded by asOf below the missing events answers. A stream that
+// does not exist has no events.
 func ReadStream(ctx context.Context, db DB, stream StreamRef, asOf AsOf) ([]Record, error) {
 	var at *time.Time
 	if !asOf.Time.IsZero() {
@@ -125,7 +141,7 @@ func ReadStream(ctx context.Context, db DB, stream StreamRef, asOf AsOf) ([]Reco
 	if err != nil {
 		return nil, fmt.Errorf("eventstore: read stream %s: %w", stream, err)
 	}
-	recs, err := collect(rows)
+	recs, last, err := collectStream(rows)
 	if err != nil {
 		return nil, fmt.Errorf("eventstore: read stream %s: %w", stream, err)
 	}
@@ -134,7 +150,30 @@ func ReadStream(ctx context.Context, db DB, stream StreamRef, asOf AsOf) ([]Reco
 			return nil, fmt.Errorf("%w: %s has version %d where %d belongs", ErrTruncated, stream, r.Version, i+1)
 		}
 	}
+	if int64(len(recs)) != last {
+		return nil, fmt.Errorf("%w: %s holds %d of the %d events the read covers", ErrTruncated, stream, len(recs), last)
+	}
 	return recs, nil
+}
+
+// collectStream scans the rows of readStream: the version the read must
+// end at (0 for a stream that does not exist) and the events.
+func collectStream(rows pgx.Rows) ([]Record, int64, error) {
+	defer rows.Close()
+	var out []Record
+	var last int64
+	for rows.Next() {
+		var r Record
+		if err := rows.Scan(&last, &r.Position, &r.CommitKey, &r.TenantID, &r.StreamType, &r.StreamID, &r.Version,
+			&r.Type, &r.TypeVersion, (*[]byte)(&r.Payload), &r.Metadata, &r.CreatedAt); err != nil {
+			return nil, 0, err
+		}
+		if r.Position == 0 {
+			continue // the stream's head row, with no event left
+		}
+		out = append(out, r)
+	}
+	return out, last, rows.Err()
 }
 
 const lockStream = `SELECT version FROM streams WHERE tenant_id = $1 AND stream_type = $2 AND stream_id = $3 FOR UPDATE`

@@ -80,3 +80,37 @@ func TestTruncatedStreamIsAnError(t *testing.T) {
 		}
 	}
 }
+
+// A stream whose latest events, or all of them, were deleted (a prune of
+// some of its types) is an error for a plain read too: folding the events
+// that are left gives an older state, or none, as if it were the current
+// one. A read bounded below the deleted events still answers.
+func TestReadOfStreamMissingItsLatestEventsIsAnError(t *testing.T) {
+	t.Parallel()
+	db := kumikotest.NewDB(t)
+	ctx := context.Background()
+	tail, all := stream("pruned-tail"), stream("pruned-every")
+	appendTx(t, db.Pool, tail, eventstore.NoStream, ev("placed", 1), ev("cancelled", 2))
+	appendTx(t, db.Pool, all, eventstore.NoStream, ev("placed", 1), ev("cancelled", 2))
+	_, err := db.Pool.Exec(ctx, `DELETE FROM events WHERE (stream_id = 'pruned-tail' AND type = 'cancelled') OR stream_id = 'pruned-every'`)
+	require.NoError(t, err)
+
+	for _, s := range []eventstore.StreamRef{tail, all} {
+		_, err = eventstore.ReadStream(ctx, db.Pool, s, eventstore.AsOf{})
+		require.ErrorIs(t, err, eventstore.ErrTruncated, s.ID)
+		_, err = eventstore.ReadStream(ctx, db.Pool, s, eventstore.AsOf{Version: 2})
+		require.ErrorIs(t, err, eventstore.ErrTruncated, s.ID)
+		_, err = eventstore.ReadStream(ctx, db.Pool, s, eventstore.AsOf{Time: time.Now()})
+		require.ErrorIs(t, err, eventstore.ErrTruncated, s.ID)
+	}
+	got, err := eventstore.ReadStream(ctx, db.Pool, tail, eventstore.AsOf{Version: 1})
+	require.NoError(t, err)
+	require.Equal(t, []int64{1}, versions(got))
+	_, err = eventstore.ReadStream(ctx, db.Pool, all, eventstore.AsOf{Version: 1})
+	require.ErrorIs(t, err, eventstore.ErrTruncated)
+
+	// A stream that does not exist is empty, not truncated.
+	got, err = eventstore.ReadStream(ctx, db.Pool, stream("never"), eventstore.AsOf{})
+	require.NoError(t, err)
+	require.Empty(t, got)
+}
