@@ -91,6 +91,7 @@ func Horizon(ctx context.Context, db DB) (uint64, error) {
 // AsOf bounds a stream read: zero values mean "now".
 type AsOf struct {
 	// Version, when > 0, reads the stream up to and including this version.
+	// A negative version is an error.
 	Version int64
 	// Time, when non-zero, reads the stream as it was at that time: its
 	// events up to the first one created after it. (An event's creation
@@ -133,6 +134,9 @@ ORDER BY e.version`
 // read bounded by asOf below the missing events answers. A stream that
 // does not exist has no events.
 func ReadStream(ctx context.Context, db DB, stream StreamRef, asOf AsOf) ([]Record, error) {
+	if asOf.Version < 0 {
+		return nil, fmt.Errorf("eventstore: read stream %s: as-of version %d is negative", stream, asOf.Version)
+	}
 	var at *time.Time
 	if !asOf.Time.IsZero() {
 		at = &asOf.Time

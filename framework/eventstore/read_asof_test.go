@@ -109,6 +109,9 @@ func TestReadOfStreamMissingItsLatestEventsIsAnError(t *testing.T) {
 	_, err = eventstore.ReadStream(ctx, db.Pool, all, eventstore.AsOf{Version: 1})
 	require.ErrorIs(t, err, eventstore.ErrTruncated)
 
+	_, err = eventstore.ReadStream(ctx, db.Pool, tail, eventstore.AsOf{Version: -1})
+	require.ErrorContains(t, err, "negative")
+
 	// A stream that does not exist is empty, not truncated.
 	got, err = eventstore.ReadStream(ctx, db.Pool, stream("never"), eventstore.AsOf{})
 	require.NoError(t, err)
