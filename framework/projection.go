@@ -56,8 +56,8 @@ type ProjectionOptions struct {
 	SkipApplyErrors bool
 	// MaxAttempts before the consumer turns dead. Defaults to 10.
 	MaxAttempts int
-	// BatchSize is the number of events per pass. Defaults to the
-	// dispatcher's batch size.
+	// BatchSize is the number of events per pass; a negative one is a
+	// registration problem. Defaults to the dispatcher's batch size.
 	BatchSize int
 	// Saga marks a projection that appends events; it cannot be rebuilt.
 	// Defaults to false.
@@ -97,6 +97,10 @@ func MultiStreamProjection(f *Feature, name string, opts *ProjectionOptions) *Pr
 	}
 	if o.RunIn != RunInWorker && o.RunIn != RunInAPI && o.RunIn != RunInBoth {
 		f.reg.problem("projection %s: runIn %q is not api, worker or both", p.name, o.RunIn)
+	}
+	if o.BatchSize < 0 {
+		// A negative LIMIT would fail every pass of the consumer.
+		f.reg.problem("projection %s: batch size %d is negative", p.name, o.BatchSize)
 	}
 	return p
 }

@@ -82,7 +82,7 @@ func TestBuildReportsEveryProblemAtOnce(t *testing.T) {
 	framework.On[regPayload](p, shipped, nil)
 	framework.InlineProjection(shop, "totals")
 	framework.MultiStreamProjection(shop, "Audit", nil)
-	framework.MultiStreamProjection(shop, "audit", &framework.ProjectionOptions{Delivery: "sometimes", RunIn: "nowhere"})
+	framework.MultiStreamProjection(shop, "audit", &framework.ProjectionOptions{Delivery: "sometimes", RunIn: "nowhere", BatchSize: -1})
 
 	want := []string{
 		`kumiko: event shop:event:placed declared twice`,
@@ -108,6 +108,7 @@ func TestBuildReportsEveryProblemAtOnce(t *testing.T) {
 		`kumiko: projection name "Audit" of feature "shop" is not kebab-case`,
 		`kumiko: projection shop:audit: delivery "sometimes" is not shared or per-instance`,
 		`kumiko: projection shop:audit: runIn "nowhere" is not api, worker or both`,
+		`kumiko: projection shop:audit: batch size -1 is negative`,
 	}
 
 	err := r.Build()

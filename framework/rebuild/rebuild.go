@@ -27,8 +27,8 @@ import (
 type Config struct {
 	// Logger receives progress and cleanup notes. Defaults to discarding.
 	Logger *slog.Logger
-	// BatchSize is the number of events per rebuild pass. Defaults to the
-	// projection's BatchSize, else 500.
+	// BatchSize is the number of events per rebuild pass; a negative one
+	// is an error. Defaults to the projection's BatchSize, else 500.
 	BatchSize int
 	// Progress is called after every rebuild pass. Defaults to nothing.
 	Progress func(Progress)
@@ -230,6 +230,9 @@ func Rebuild(ctx context.Context, pool *pgxpool.Pool, reg *framework.Registry, n
 	}
 	if pool.Config().MaxConns < 2 {
 		return nil, errors.New("rebuild: the pool needs at least 2 connections")
+	}
+	if cfg != nil && cfg.BatchSize < 0 {
+		return nil, fmt.Errorf("rebuild: batch size %d is negative", cfg.BatchSize)
 	}
 	r, release, err := open(ctx, pool, reg, p, cfg)
 	if err != nil {

@@ -205,6 +205,8 @@ func TestRefusals(t *testing.T) {
 	require.ErrorContains(t, err, "orders:order-totals")
 	_, err = rebuild.Rebuild(ctx, b.db.Pool, b.reg, "test:ghost", nil)
 	require.ErrorContains(t, err, `table "ghost" does not exist`)
+	_, err = rebuild.Rebuild(ctx, b.db.Pool, b.reg, "test:tally", &rebuild.Config{BatchSize: -1})
+	require.ErrorContains(t, err, "rebuild: batch size -1 is negative")
 	require.Zero(t, b.int(t, `SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'kumiko_rebuild%'`))
 	require.Zero(t, b.int(t, `SELECT count(*) FROM event_consumers`))
 }
