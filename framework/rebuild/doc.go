@@ -39,7 +39,9 @@
 // Only shared multi-stream projections with a Table. Inline projections,
 // side-effect-only projections (Table "": their effects cannot be redone
 // into a fresh table), sagas (they append events: a replay would append them
-// again) and per-instance projections are refused with [ErrNotRebuildable].
+// again) and per-instance projections are refused with [ErrNotRebuildable],
+// and so is a projection whose Table another projection names too (the new
+// table would hold only the rebuilt projection's rows).
 // While the rebuild runs, a handler that appends an event, or writes to any
 // table other than the shadow table, aborts it before that write commits: a
 // replay must not touch anything but its own table. (The check compares the

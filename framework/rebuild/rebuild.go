@@ -121,7 +121,8 @@ func ShadowSchema(name string) string {
 }
 
 // Check returns the projection called name when it can be rebuilt: a shared
-// multi-stream projection with an unqualified Table that is not a saga. It
+// multi-stream projection with an unqualified Table that is not a saga and
+// that no other projection names as its Table. It
 // returns an error wrapping [ErrUnknownProjection] or [ErrNotRebuildable]
 // otherwise.
 func Check(reg *framework.Registry, name string) (*framework.Projection, error) {
@@ -149,6 +150,16 @@ func Check(reg *framework.Registry, name string) (*framework.Projection, error) 
 		return nil, fmt.Errorf("%w: %s names its table with a schema (%q): a rebuild redirects unqualified names only", ErrNotRebuildable, name, o.Table)
 	case frameworkTables[o.Table]:
 		return nil, fmt.Errorf("%w: %s names the framework table %q", ErrNotRebuildable, name, o.Table)
+	}
+	for _, q := range reg.Projections() {
+		t := q.Options().Table
+		if i := strings.LastIndexByte(t, '.'); i >= 0 {
+			t = t[i+1:]
+		}
+		if q != p && t == o.Table {
+			return nil, fmt.Errorf("%w: %s shares its table %q with %s: the new table would hold only the rows of %s, and those of %s would be lost",
+				ErrNotRebuildable, name, o.Table, q.Name(), name, q.Name())
+		}
 	}
 	return p, nil
 }

@@ -86,9 +86,9 @@ func setup(t *testing.T) *bundle {
 		}
 		return nil
 	})
-	saga := framework.MultiStreamProjection(f, "saga", &framework.ProjectionOptions{Table: "sneaky", Saga: true})
+	saga := framework.MultiStreamProjection(f, "saga", &framework.ProjectionOptions{Table: "saga_log", Saga: true})
 	framework.On(saga, b.counted, func(context.Context, *framework.Tx, framework.Event[counted]) error { return nil })
-	each := framework.MultiStreamProjection(f, "each", &framework.ProjectionOptions{Table: "sneaky", Delivery: framework.DeliveryPerInstance})
+	each := framework.MultiStreamProjection(f, "each", &framework.ProjectionOptions{Table: "each_log", Delivery: framework.DeliveryPerInstance})
 	framework.On(each, b.counted, func(context.Context, *framework.Tx, framework.Event[counted]) error { return nil })
 	ghost := framework.MultiStreamProjection(f, "ghost", &framework.ProjectionOptions{Table: "ghost"})
 	framework.On(ghost, b.counted, func(context.Context, *framework.Tx, framework.Event[counted]) error { return nil })
@@ -632,4 +632,56 @@ func TestRebuildTableWithSerialColumn(t *testing.T) {
 	var schemas int
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_namespace WHERE nspname = $1`, rebuild.ShadowSchema("serial:numbered")).Scan(&schemas))
 	require.Zero(t, schemas, "the shadow schema is left behind")
+}
+
+// Two projections that fill one table: a rebuild of one would swap in a
+// table holding only its own rows, and the other's rows would be gone for
+// good (its cursor stays past the events that made them). The rebuild is
+// refused and the table keeps both.
+func TestRebuildRefusesTableSharedWithAnotherProjection(t *testing.T) {
+	t.Parallel()
+	db := kumikotest.NewDB(t)
+	ctx := context.Background()
+	reg := framework.NewRegistry()
+	f := reg.Feature("stats")
+	ev := framework.DefineEvent[counted](f, "counted", nil)
+	_, err := db.Pool.Exec(ctx, `CREATE TABLE stats (tenant_id text NOT NULL, source text NOT NULL, n int NOT NULL);
+		SELECT kumiko_enable_tenancy('stats')`)
+	require.NoError(t, err)
+	for _, name := range []string{"from-a", "from-b"} {
+		p := framework.MultiStreamProjection(f, name, &framework.ProjectionOptions{Table: "stats"})
+		framework.On(p, ev, func(ctx context.Context, tx *framework.Tx, e framework.Event[counted]) error {
+			_, err := tx.Exec(ctx, `INSERT INTO stats VALUES ($1, $2, $3)`, e.TenantID, name, e.Payload.N)
+			return err
+		})
+	}
+	rt, err := framework.NewRuntime(reg, db.Pool, nil)
+	require.NoError(t, err)
+	for n := range 3 {
+		_, err := rt.InTx(ctx, "t1", framework.Metadata{}, func(ctx context.Context, tx *framework.Tx) error {
+			return tx.Append(framework.Stream{Type: "c", ID: "k"}, framework.AnyVersion, ev.With(counted{Key: "k", N: n}))
+		})
+		require.NoError(t, err)
+	}
+	d, err := dispatcher.New(db.Pool, reg, dispatcher.ProjectionConsumers(reg, func(framework.RunIn) bool { return true }),
+		&dispatcher.Config{InstanceID: "live"})
+	require.NoError(t, err)
+	require.NoError(t, d.Register(ctx))
+	count := func() int64 {
+		var n int64
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM stats`).Scan(&n))
+		return n
+	}
+	require.Eventually(t, func() bool {
+		for _, name := range []string{"stats:from-a", "stats:from-b"} {
+			_, err := d.RunOnce(ctx, name)
+			require.NoError(t, err)
+		}
+		return count() == 6
+	}, 20*time.Second, 10*time.Millisecond)
+
+	_, err = rebuild.Rebuild(ctx, db.Pool, reg, "stats:from-a", nil)
+	require.ErrorIs(t, err, rebuild.ErrNotRebuildable)
+	require.ErrorContains(t, err, "stats:from-b")
+	require.Equal(t, int64(6), count(), "both projections' rows stay")
 }
