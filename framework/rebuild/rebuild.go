@@ -724,6 +724,9 @@ func (r *run) swapOnce(ctx context.Context, d *dispatcher.Dispatcher) (*Result, 
 	b.Queue(`DROP SCHEMA ` + pgx.Identifier{r.schema}.Sanitize())
 	b.Queue(takeOverSQL, r.p.Name(), dispatcher.SharedInstance, r.p.EventTypes(), st.cursor.CommitKey, st.cursor.Position, st.processed)
 	b.Queue(`DELETE FROM event_consumers WHERE name = $1`, r.consumer)
+	// The live consumer's dead letters are events the old table skipped;
+	// the new one holds every event but the rebuild's own dead letters.
+	b.Queue(`DELETE FROM event_dead_letters WHERE consumer = $1`, r.p.Name())
 	b.Queue(`UPDATE event_dead_letters SET consumer = $1 WHERE consumer = $2`, r.p.Name(), r.consumer)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return nil, fmt.Errorf("rebuild: swap %s: %w", r.live, err)

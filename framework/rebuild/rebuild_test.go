@@ -685,3 +685,36 @@ func TestRebuildRefusesTableSharedWithAnotherProjection(t *testing.T) {
 	require.ErrorContains(t, err, "stats:from-b")
 	require.Equal(t, int64(6), count(), "both projections' rows stay")
 }
+
+// A rebuild replaces the live consumer's dead letters with its own: the
+// events the old table skipped (here by an operator, before the fix was
+// deployed) are in the rebuilt table, so listing them as unapplied would
+// send an operator after failures that no longer exist.
+func TestRebuildReplacesDeadLetters(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	d := b.live(t, "test:tally")
+	b.failAt.Store(5)
+	b.count(t, "t1", "a", 0, 10)
+	deadline := time.Now().Add(20 * time.Second)
+	for b.int(t, `SELECT count(*) FROM event_consumers WHERE name = 'test:tally' AND status = 'dead'`) == 0 {
+		require.True(t, time.Now().Before(deadline), "the live consumer never died")
+		_, err := d.RunOnce(ctx, "test:tally")
+		require.NoError(t, err)
+		time.Sleep(5 * time.Millisecond)
+	}
+	_, err := dispatcher.Skip(ctx, b.db.Pool, "test:tally", dispatcher.SharedInstance)
+	require.NoError(t, err)
+	b.drain(t, d, "test:tally")
+	require.Equal(t, int64(1), b.int(t, `SELECT count(*) FROM event_dead_letters WHERE consumer = 'test:tally'`))
+
+	b.failAt.Store(-1) // the fix is deployed
+	b.db.WaitVisible(t)
+	_, err = rebuild.Rebuild(ctx, b.db.Pool, b.reg, "test:tally", nil)
+	require.NoError(t, err)
+	table, recount := b.tallyRows(t)
+	require.Equal(t, recount, table, "the rebuilt table holds every event")
+	require.Zero(t, b.int(t, `SELECT count(*) FROM event_dead_letters WHERE consumer LIKE 'test:tally%'`),
+		"the skipped event, applied by the rebuild, is still listed as a dead letter")
+}
