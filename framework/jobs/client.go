@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/kumiko-go/kumiko/framework"
 )
@@ -98,6 +99,7 @@ func IsTransient(err error) bool {
 type Client struct {
 	set       *Set
 	aq        *asynq.Client
+	rdb       redis.UniversalClient
 	prefix    string
 	retention time.Duration
 	timeout   time.Duration
@@ -182,8 +184,9 @@ func (c *Client) enqueue(ctx context.Context, j *Job, w *wire, taskID string, he
 	if err != nil {
 		return false, fmt.Errorf("jobs: %s: %w", j.name, err)
 	}
+	queue := QueueName(c.prefix, j.opts.RunIn, j.opts.Priority)
 	opts := []asynq.Option{
-		asynq.Queue(QueueName(c.prefix, j.opts.RunIn, j.opts.Priority)),
+		asynq.Queue(queue),
 		asynq.MaxRetry(j.maxRetry()),
 		asynq.Timeout(j.opts.Timeout),
 		asynq.TaskID(taskID),
@@ -196,6 +199,22 @@ func (c *Client) enqueue(ctx context.Context, j *Job, w *wire, taskID string, he
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
+	if dedup && j.opts.Unique > 0 {
+		// asynq takes a Unique job's lock before it checks the task id,
+		// and keeps the lock when the id is taken: a second enqueue of a
+		// trigger whose run has finished (a re-read of the job-trigger
+		// consumer, a rewind, another worker's late tick) would hold the
+		// lock for the whole window with no run behind it, and every equal
+		// dispatch meanwhile would be dropped as a duplicate. A taken id
+		// is a duplicate before the lock is touched.
+		n, err := c.rdb.Exists(ctx, taskKey(queue, taskID)).Result()
+		if err != nil {
+			return false, &EnqueueError{Job: j.name, Err: err}
+		}
+		if n > 0 {
+			return true, nil
+		}
+	}
 	_, err = c.aq.EnqueueContext(ctx, task, opts...)
 	switch {
 	case errors.Is(err, asynq.ErrTaskIDConflict), errors.Is(err, asynq.ErrDuplicateTask):

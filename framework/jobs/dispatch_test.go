@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kumiko-go/kumiko/framework"
+	"github.com/kumiko-go/kumiko/framework/dispatcher"
 	"github.com/kumiko-go/kumiko/framework/jobs"
 )
 
@@ -250,4 +251,50 @@ func TestDispatchBlankRawPayloadRunsWithZeroInput(t *testing.T) {
 	archived, err := r.Inspector().List(ctx, nil)
 	require.NoError(t, err)
 	require.Empty(t, archived)
+}
+
+// TestUniqueJobReReadBlocksNoLaterDispatch: the job-trigger consumer
+// re-reading a dispatch whose run already finished (an operator rewound
+// it, or its pass failed after the enqueue) is a duplicate, and leaves the
+// job's Unique window alone: a later equal dispatch, with no equal run
+// waiting or running, runs.
+func TestUniqueJobReReadBlocksNoLaterDispatch(t *testing.T) {
+	t.Parallel()
+	var export jobs.ManualJob[exportInput]
+	b := setup(t, func(b *bundle) {
+		export = jobs.Manual[exportInput](b.f, "export", &jobs.Options{Unique: time.Hour}, func(ctx context.Context, jc *jobs.Context, in exportInput) error {
+			return insertRun(ctx, jc, jc.Job, in.Report, jc.TaskID)
+		})
+	})
+	r := b.runner(t, nil)
+	b.dispatch(t, r.Consumer())
+	ctx := context.Background()
+	dispatch := func(report string) {
+		t.Helper()
+		_, err := b.rt.InTx(ctx, "acme", framework.Metadata{}, func(ctx context.Context, tx *framework.Tx) error {
+			return export.DispatchTx(ctx, tx, exportInput{Report: report}, nil)
+		})
+		require.NoError(t, err)
+	}
+	// ran waits for the run of a marker report: the consumer has read
+	// every dispatch before it.
+	ran := func(marker string) {
+		t.Helper()
+		dispatch(marker)
+		eventually(t, marker, func() bool { return b.count(t, `SELECT count(*) FROM runs WHERE ref = $1`, marker) == 1 })
+		drained(t, r.Inspector())
+	}
+
+	dispatch("r1")
+	ran("marker-1")
+	// Replay the log: the finished run of r1 is re-read, a duplicate.
+	_, err := dispatcher.Rewind(ctx, b.db.Pool, jobs.ConsumerName, "", dispatcher.RewindTo{})
+	require.NoError(t, err)
+	ran("marker-2")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM runs WHERE ref = 'r1'`), "the re-read enqueued nothing")
+
+	// Nothing equal to r1 waits or runs: a new dispatch of it runs.
+	dispatch("r1")
+	ran("marker-3")
+	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM runs WHERE ref = 'r1'`), "the second dispatch of r1 was dropped")
 }

@@ -131,6 +131,12 @@ func keyTaskID(job, tenant, key string) string {
 	return job + "@key-" + hex.EncodeToString(sum[:12])
 }
 
+// taskKey is the Redis key of asynq's hash of a task (asynq's storage
+// layout, which persisted queues depend on).
+func taskKey(queue, taskID string) string {
+	return "asynq:{" + queue + "}:t:" + taskID
+}
+
 // newTask builds the asynq task of a job run.
 func newTask(j *Job, w *wire, headers map[string]string) (*asynq.Task, error) {
 	var b []byte
