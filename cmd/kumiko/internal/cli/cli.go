@@ -48,7 +48,32 @@ func Root(register func(*framework.Registry), routes func(*web.Server)) *cobra.C
 	}
 	root.AddCommand(serveCmd(register, routes), migrateCmd(), tokenCmd(),
 		consumerCmd(register), eventsCmd(register), projectionCmd(register), jobsCmd(register))
+	for _, c := range root.Commands() {
+		if c.HasSubCommands() && !c.Runnable() {
+			refuseUnknownVerbs(c)
+		}
+	}
 	return root
+}
+
+// refuseUnknownVerbs makes a command group (`kumiko jobs`) fail on a verb
+// it does not have. Cobra answers a group without a run function of its
+// own with its help and exit code 0 whatever follows it, so a mistyped
+// verb in a script (`kumiko jobs retyr ID`) looked like success. Alone, or
+// followed by help, the group still shows its help.
+func refuseUnknownVerbs(group *cobra.Command) {
+	group.Args = cobra.ArbitraryArgs
+	group.SuggestionsMinimumDistance = 2 // cobra's default for the root
+	group.RunE = func(cmd *cobra.Command, args []string) error {
+		if len(args) == 0 || args[0] == "help" {
+			return cmd.Help()
+		}
+		msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
+		if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+			msg += " (did you mean " + strings.Join(s, " or ") + "?)"
+		}
+		return errors.New(msg)
+	}
 }
 
 // logger returns the JSON logger at level.

@@ -1,0 +1,54 @@
+package cli_test
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kumiko-go/kumiko/cmd/kumiko/internal/cli"
+)
+
+// TestUnknownVerbFails: a mistyped verb of a command group (`kumiko jobs
+// retyr ID`) is an error with exit code 1, like an unknown top-level
+// command, not the group's help with exit code 0; the group alone, or
+// followed by help, still shows its help.
+func TestUnknownVerbFails(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"bogus"}, `unknown command "bogus" for "kumiko"`},
+		{[]string{"jobs", "retyr", "some-id"}, `unknown command "retyr" for "kumiko jobs" (did you mean retry?)`},
+		{[]string{"jobs", "lsit"}, `unknown command "lsit" for "kumiko jobs"`},
+		{[]string{"consumer", "restrat", "orders:order-totals"}, `unknown command "restrat" for "kumiko consumer"`},
+		{[]string{"events", "purne"}, `unknown command "purne" for "kumiko events"`},
+		{[]string{"projection", "rebiuld", "orders:order-totals"}, `unknown command "rebiuld" for "kumiko projection"`},
+	} {
+		name := "kumiko " + strings.Join(tc.args, " ")
+		root := cli.Root(nil, nil)
+		var out, errOut bytes.Buffer
+		root.SetOut(&out)
+		root.SetErr(&errOut)
+		root.SetArgs(tc.args)
+		err := root.ExecuteContext(context.Background())
+		require.Error(t, err, name)
+		require.Contains(t, err.Error(), tc.want, name)
+		require.Empty(t, out.String(), name)
+		require.Equal(t, 1, cli.Main(context.Background(), tc.args, nil, nil), name)
+	}
+
+	for _, group := range []string{"jobs", "consumer", "events", "projection"} {
+		for _, args := range [][]string{{group}, {group, "help"}} {
+			root := cli.Root(nil, nil)
+			var out bytes.Buffer
+			root.SetOut(&out)
+			root.SetArgs(args)
+			require.NoError(t, root.ExecuteContext(context.Background()), args)
+			require.Contains(t, out.String(), "Available Commands:", args)
+		}
+	}
+}
