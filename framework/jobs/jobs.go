@@ -107,7 +107,10 @@ type Job struct {
 	event   string
 	spec    string
 	sched   schedule
-	opts    Options
+	// zone is the time zone a cron job's schedule ticks in: its
+	// CRON_TZ= prefix's, else opts.Location.
+	zone *time.Location
+	opts Options
 	// run decodes the task's payload (setting jc.TenantID) and calls the
 	// typed handler. A payload it cannot decode is an error wrapping
 	// errUndecodable.
@@ -366,11 +369,11 @@ func Cron(f *framework.Feature, name, spec string, opts *Options, h Handler[Tick
 	if opts != nil && opts.Location != nil {
 		loc = opts.Location
 	}
-	sched, err := parseSchedule(spec, loc)
+	sched, zone, err := parseSchedule(spec, loc)
 	if err != nil {
 		s.problem("job %s:job:%s: cron spec %q: %v", f.Name(), name, spec, err)
 	}
-	j.sched = sched
+	j.sched, j.zone = sched, cmp.Or(zone, loc)
 	if h == nil {
 		s.problem("job %s:job:%s has a nil handler", f.Name(), name)
 	}
@@ -380,7 +383,7 @@ func Cron(f *framework.Feature, name, spec string, opts *Options, h Handler[Tick
 			return fmt.Errorf("jobs: %s: %w (%w)", jc.Job, err, SkipRetry)
 		}
 		jc.TenantID = w.Tenant
-		return h(ctx, jc, Tick{Time: time.Unix(w.Tick, 0).In(j.opts.Location)})
+		return h(ctx, jc, Tick{Time: time.Unix(w.Tick, 0).In(j.zone)})
 	}
 	return s.register(f, name, TriggerCron, opts, j)
 }

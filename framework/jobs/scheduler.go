@@ -28,36 +28,57 @@ func (e everySchedule) Next(t time.Time) time.Time {
 
 var cronParser = cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
 
-// parseSchedule parses a cron job's spec (see [Cron]) in loc.
-func parseSchedule(spec string, loc *time.Location) (schedule, error) {
-	spec = strings.TrimSpace(spec)
+// parseSchedule parses a cron job's spec (see [Cron]) in loc, or in the
+// zone of its CRON_TZ= (or TZ=) prefix, and returns the zone it ticks in.
+func parseSchedule(spec string, loc *time.Location) (schedule, *time.Location, error) {
+	loc, spec, err := cutZone(strings.TrimSpace(spec), loc)
+	if err != nil {
+		return nil, nil, err
+	}
 	if rest, ok := strings.CutPrefix(spec, "@every "); ok {
 		d, err := time.ParseDuration(strings.TrimSpace(rest))
 		if err != nil {
-			return nil, fmt.Errorf("bad @every duration: %w", err)
+			return nil, nil, fmt.Errorf("bad @every duration: %w", err)
 		}
 		if d < time.Second {
-			return nil, fmt.Errorf("@every %s is shorter than one second", d)
+			return nil, nil, fmt.Errorf("@every %s is shorter than one second", d)
 		}
-		return everySchedule{d: d}, nil
+		return everySchedule{d: d}, loc, nil
 	}
 	s, err := cronParser.Parse(spec)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	ss, ok := s.(*cron.SpecSchedule)
 	if !ok {
-		return nil, fmt.Errorf("unsupported schedule %T", s)
+		return nil, nil, fmt.Errorf("unsupported schedule %T", s)
 	}
-	if !strings.HasPrefix(spec, "CRON_TZ=") && !strings.HasPrefix(spec, "TZ=") {
-		ss.Location = loc
-	}
+	ss.Location = loc
 	if !fixedTime(spec) {
-		return ss, nil
+		return ss, loc, nil
 	}
 	onWall := *ss
 	onWall.Location = time.UTC
-	return wallSchedule{spec: &onWall, loc: ss.Location}, nil
+	return wallSchedule{spec: &onWall, loc: loc}, loc, nil
+}
+
+// cutZone splits a "CRON_TZ=<zone> " (or "TZ=<zone> ") prefix off spec and
+// returns the zone it names; without one it returns loc and spec as they
+// are.
+func cutZone(spec string, loc *time.Location) (*time.Location, string, error) {
+	var rest string
+	var ok bool
+	if rest, ok = strings.CutPrefix(spec, "CRON_TZ="); !ok {
+		if rest, ok = strings.CutPrefix(spec, "TZ="); !ok {
+			return loc, spec, nil
+		}
+	}
+	name, spec, _ := strings.Cut(rest, " ")
+	zone, err := time.LoadLocation(name)
+	if err != nil {
+		return nil, "", fmt.Errorf("bad time zone %q: %w", name, err)
+	}
+	return zone, strings.TrimSpace(spec), nil
 }
 
 // fixedTime reports whether a cron spec runs at particular times of day:

@@ -14,7 +14,7 @@ import (
 
 func TestScheduleTicksAreTheSameInEveryProcess(t *testing.T) {
 	t.Parallel()
-	s, err := parseSchedule("@every 2s", time.UTC)
+	s, _, err := parseSchedule("@every 2s", time.UTC)
 	require.NoError(t, err)
 	// Processes started at different moments compute the same ticks.
 	a := s.Next(time.Unix(1000, 300_000_000))
@@ -25,22 +25,22 @@ func TestScheduleTicksAreTheSameInEveryProcess(t *testing.T) {
 
 	berlin, err := time.LoadLocation("Europe/Berlin")
 	require.NoError(t, err)
-	s, err = parseSchedule("0 3 * * *", berlin)
+	s, _, err = parseSchedule("0 3 * * *", berlin)
 	require.NoError(t, err)
 	next := s.Next(time.Date(2026, 7, 1, 12, 0, 0, 0, time.UTC))
 	require.Equal(t, time.Date(2026, 7, 2, 1, 0, 0, 0, time.UTC), next.UTC(), "03:00 in Berlin (CEST) is 01:00 UTC")
 
-	s, err = parseSchedule("CRON_TZ=America/New_York 30 8 * * 1", time.UTC)
+	s, _, err = parseSchedule("CRON_TZ=America/New_York 30 8 * * 1", time.UTC)
 	require.NoError(t, err)
 	next = s.Next(time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC)) // a Sunday
 	require.Equal(t, time.Date(2026, 11, 30, 13, 30, 0, 0, time.UTC), next.UTC())
 
-	s, err = parseSchedule("@hourly", time.UTC)
+	s, _, err = parseSchedule("@hourly", time.UTC)
 	require.NoError(t, err)
 	require.Equal(t, time.Date(2026, 1, 1, 11, 0, 0, 0, time.UTC), s.Next(time.Date(2026, 1, 1, 10, 59, 59, 0, time.UTC)))
 
-	for _, bad := range []string{"", "* * *", "@every", "@every soon", "@every 500ms", "0 0 30 2 * *"} {
-		_, err := parseSchedule(bad, time.UTC)
+	for _, bad := range []string{"", "* * *", "@every", "@every soon", "@every 500ms", "0 0 30 2 * *", "CRON_TZ=Nowhere/Zone 0 2 * * *", "CRON_TZ=Europe/Berlin"} {
+		_, _, err := parseSchedule(bad, time.UTC)
 		require.Error(t, err, bad)
 	}
 }
@@ -108,7 +108,7 @@ func TestFixedTimeCronTicksOncePerDayAcrossDST(t *testing.T) {
 		{"30 2 * * *", berlin, time.Date(2025, 3, 30, 1, 0, 0, 0, time.UTC), time.Date(2025, 10, 26, 0, 30, 0, 0, time.UTC)},
 		{"CRON_TZ=Europe/Berlin 30 2 * * *", time.UTC, time.Date(2025, 3, 30, 1, 0, 0, 0, time.UTC), time.Date(2025, 10, 26, 0, 30, 0, 0, time.UTC)},
 	} {
-		s, err := parseSchedule(tc.spec, tc.loc)
+		s, _, err := parseSchedule(tc.spec, tc.loc)
 		require.NoError(t, err)
 		got := ticks(s, from, to)
 
@@ -164,7 +164,7 @@ func TestFixedTimeCronTicksOncePerDayAcrossDST(t *testing.T) {
 	// @daily is a fixed time too: São Paulo skipped 2018-11-04 00:00.
 	saoPaulo, err := time.LoadLocation("America/Sao_Paulo")
 	require.NoError(t, err)
-	s, err := parseSchedule("@daily", saoPaulo)
+	s, _, err := parseSchedule("@daily", saoPaulo)
 	require.NoError(t, err)
 	got := ticks(s, time.Date(2018, 11, 3, 0, 0, 0, 0, saoPaulo), time.Date(2018, 11, 6, 0, 0, 0, 0, saoPaulo))
 	require.Equal(t, []time.Time{
@@ -196,7 +196,7 @@ func TestWildcardCronTicksOnRealTimeAcrossDST(t *testing.T) {
 		{"@hourly", springDay, time.Hour, 23},
 		{"@every 1h", fallDay, time.Hour, 25},
 	} {
-		s, err := parseSchedule(tc.spec, berlin)
+		s, _, err := parseSchedule(tc.spec, berlin)
 		require.NoError(t, err)
 		got := ticks(s, tc.day[0], tc.day[1])
 		require.Len(t, got, tc.n, tc.spec)
@@ -207,7 +207,7 @@ func TestWildcardCronTicksOnRealTimeAcrossDST(t *testing.T) {
 
 	// Both 02:00s of the fall-back day, and every minute of both 02:xx hours
 	// for a wildcard minute.
-	s, err := parseSchedule("*/30 * * * *", berlin)
+	s, _, err := parseSchedule("*/30 * * * *", berlin)
 	require.NoError(t, err)
 	var twoAM []time.Time
 	for _, tk := range ticks(s, fallDay[0], fallDay[1]) {
@@ -216,7 +216,7 @@ func TestWildcardCronTicksOnRealTimeAcrossDST(t *testing.T) {
 		}
 	}
 	require.Equal(t, []time.Time{time.Date(2025, 10, 26, 0, 0, 0, 0, time.UTC), time.Date(2025, 10, 26, 1, 0, 0, 0, time.UTC)}, utc(twoAM))
-	s, err = parseSchedule("* 2 * * *", berlin)
+	s, _, err = parseSchedule("* 2 * * *", berlin)
 	require.NoError(t, err)
 	require.Len(t, ticks(s, fallDay[0], fallDay[1]), 120)
 }
@@ -228,7 +228,7 @@ func TestCronTicksInUTCAreRobfigs(t *testing.T) {
 	t.Parallel()
 	from, to := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(2029, 1, 1, 0, 0, 0, 0, time.UTC)
 	for _, spec := range []string{"0 2 * * *", "30 2 * * 1-5", "15 3,15 1 * *", "0 0 29 2 *", "@daily", "@weekly", "@monthly", "@yearly", "45 9-17 * * 1-5"} {
-		s, err := parseSchedule(spec, time.UTC)
+		s, _, err := parseSchedule(spec, time.UTC)
 		require.NoError(t, err)
 		ss, err := cronParser.Parse(spec)
 		require.NoError(t, err)
@@ -245,4 +245,45 @@ func utc(ts []time.Time) []time.Time {
 		out[k] = t.UTC()
 	}
 	return out
+}
+
+// TestCronTickIsInTheScheduleZone: a cron job's Tick.Time is in the zone
+// its schedule runs in, a CRON_TZ= prefix's as much as Options.Location's,
+// so a handler reading the tick's date or hour gets the schedule's own.
+func TestCronTickIsInTheScheduleZone(t *testing.T) {
+	t.Parallel()
+	reg := framework.NewRegistry()
+	f := reg.Feature("test")
+	got := map[string]time.Time{}
+	handler := func(name string) Handler[Tick] {
+		return func(_ context.Context, _ *Context, tick Tick) error {
+			got[name] = tick.Time
+			return nil
+		}
+	}
+	tokyo, err := time.LoadLocation("Asia/Tokyo")
+	require.NoError(t, err)
+	jobs := map[string]*Job{
+		"prefix":          Cron(f, "prefix", "CRON_TZ=Europe/Berlin 30 0 * * *", nil, handler("prefix")),
+		"option":          Cron(f, "option", "30 0 * * *", &Options{Location: tokyo}, handler("option")),
+		"prefix-wins":     Cron(f, "prefix-wins", "CRON_TZ=Europe/Berlin 30 0 * * *", &Options{Location: tokyo}, handler("prefix-wins")),
+		"every-in-prefix": Cron(f, "every-in-prefix", "CRON_TZ=Europe/Berlin @every 1h", nil, handler("every-in-prefix")),
+	}
+	require.NoError(t, reg.Build())
+	for name, j := range jobs {
+		// The first tick after noon UTC on 2026-07-01.
+		tick := j.sched.Next(time.Date(2026, 7, 1, 12, 0, 0, 0, time.UTC))
+		payload, err := json.Marshal(wire{Tenant: framework.SystemTenantID, Tick: tick.Unix()})
+		require.NoError(t, err)
+		require.NoError(t, j.run(context.Background(), &Context{Job: j.name}, payload), name)
+		want := "Europe/Berlin"
+		if name == "option" {
+			want = "Asia/Tokyo"
+		}
+		require.Equal(t, want, got[name].Location().String(), name)
+		if name != "every-in-prefix" {
+			require.Equal(t, 0, got[name].Hour(), name)
+			require.Equal(t, 30, got[name].Minute(), name)
+		}
+	}
 }
