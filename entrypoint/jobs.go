@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strconv"
 	"sync"
 
@@ -167,6 +168,15 @@ func (a *App) mountJobsAdmin(s *web.Server) {
 			return err
 		}
 		lane, id := framework.RunIn(c.Param("lane")), c.Param("id")
+		if c.Request().URL.RawPath != "" {
+			// The path was sent escaped (a client escaping the id's ':'
+			// and '@'), and echo matched and cut the raw path.
+			u, err := url.PathUnescape(id)
+			if err != nil {
+				return &framework.Error{Code: framework.CodeBadRequest, Message: "malformed job run id in the path", Err: err}
+			}
+			id = u
+		}
 		if lane != framework.RunInAPI && lane != framework.RunInWorker {
 			return &framework.ValidationError{Fields: []framework.FieldError{{Field: "lane", Rule: "oneof", Message: "lane must be api or worker"}}}
 		}

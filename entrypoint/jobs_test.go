@@ -258,8 +258,10 @@ func TestJobsAllInOne(t *testing.T) {
 	code, _ = retry(admin, "edge", id)
 	require.Equal(t, http.StatusBadRequest, code)
 	healthy.Store(true)
-	code, res = retry(admin, "api", id)
+	// Clients escape the id in the path (encodeURIComponent: ':' and '@').
+	code, res = retry(admin, "api", strings.NewReplacer(":", "%3A", "@", "%40").Replace(id))
 	require.Equal(t, http.StatusOK, code, res)
+	require.Equal(t, id, res["data"].(map[string]any)["id"])
 	require.Equal(t, "pending", res["data"].(map[string]any)["state"])
 	jobsEventually(t, "the retried run to succeed", func() bool {
 		_, body, err := get(context.Background(), base+"/metrics")
