@@ -3,12 +3,14 @@ package cli_test
 import (
 	"bytes"
 	"context"
+	"io"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/kumiko-go/kumiko/cmd/kumiko/internal/cli"
+	"github.com/kumiko-go/kumiko/internal/redistest"
 )
 
 // TestUnknownVerbFails: a mistyped verb of a command group (`kumiko jobs
@@ -50,5 +52,31 @@ func TestUnknownVerbFails(t *testing.T) {
 			require.NoError(t, root.ExecuteContext(context.Background()), args)
 			require.Contains(t, out.String(), "Available Commands:", args)
 		}
+	}
+}
+
+// TestJobsListRefusesALimitOutOfRange: `kumiko jobs list --limit` takes
+// 1 to 1000 as its help says; 0 is refused like 1001, not read as the
+// default.
+func TestJobsListRefusesALimitOutOfRange(t *testing.T) {
+	srv := redistest.Start(t)
+	t.Setenv("REDIS_URL", "redis://"+srv.Addr()+"/0")
+	t.Setenv("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+	run := func(args ...string) (string, error) {
+		root := cli.Root(nil, nil)
+		var out bytes.Buffer
+		root.SetOut(&out)
+		root.SetErr(io.Discard)
+		root.SetArgs(args)
+		err := root.ExecuteContext(context.Background())
+		return out.String(), err
+	}
+	out, err := run("jobs", "list", "--limit", "1")
+	require.NoError(t, err)
+	require.Equal(t, "no archived job runs\n", out)
+	for _, limit := range []string{"0", "-1", "1001"} {
+		_, err := run("jobs", "list", "--limit", limit)
+		require.Error(t, err, limit)
+		require.Contains(t, err.Error(), "--limit "+limit+" is not between 1 and 1000")
 	}
 }

@@ -80,6 +80,11 @@ func jobsListCmd() *cobra.Command {
 		Short: "List job runs in one state (default: archived, the runs that exhausted their retries)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// jobs.ListOptions reads a zero limit as its default; here the
+			// default is the flag's, and 0 is a mistake.
+			if limit < 1 || limit > 1000 {
+				return fmt.Errorf("--limit %d is not between 1 and 1000", limit)
+			}
 			in, closeFn, err := jobsInspector()
 			if err != nil {
 				return err
