@@ -215,3 +215,44 @@ func TestListShowsRetryRunsSoonestDueFirst(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{sooner, later}, []string{l[0].ID, l[1].ID})
 }
+
+// TestArchivedUniqueRunBlocksNoEqualDispatch: a Unique job's run that is
+// archived is neither waiting nor running, so an equal dispatch after it
+// runs instead of being a duplicate for the rest of the window; a run that
+// failed and waits for its retry still refuses one.
+func TestArchivedUniqueRunBlocksNoEqualDispatch(t *testing.T) {
+	t.Parallel()
+	var healthy atomic.Bool
+	b := setup(t, func(b *bundle) {
+		fragile := func(ctx context.Context, jc *jobs.Context, in exportInput) error {
+			if !healthy.Load() {
+				return fmt.Errorf("report %s failed", in.Report)
+			}
+			return insertRun(ctx, jc, jc.Job, in.Report, jc.TaskID)
+		}
+		jobs.Manual[exportInput](b.f, "fragile", &jobs.Options{Unique: time.Hour, MaxRetries: -1}, fragile)
+		jobs.Manual[exportInput](b.f, "patient", &jobs.Options{Unique: time.Hour, MaxRetries: 1,
+			Backoff: func(int) time.Duration { return time.Hour }}, fragile)
+	})
+	r := b.runner(t, nil)
+	ctx := context.Background()
+	for _, job := range []string{"test:job:fragile", "test:job:patient"} {
+		_, err := r.Client().Dispatch(ctx, job, exportInput{Report: "r1"}, &jobs.DispatchOptions{TenantID: "acme"})
+		require.NoError(t, err)
+	}
+	eventually(t, "the archived run and the one waiting for its retry", func() bool {
+		a, err := r.Inspector().List(ctx, &jobs.ListOptions{State: jobs.StateArchived})
+		require.NoError(t, err)
+		w, err := r.Inspector().List(ctx, &jobs.ListOptions{State: jobs.StateRetry})
+		require.NoError(t, err)
+		return len(a) == 1 && len(w) == 1
+	})
+	healthy.Store(true)
+	_, err := r.Client().Dispatch(ctx, "test:job:patient", exportInput{Report: "r1"}, &jobs.DispatchOptions{TenantID: "acme"})
+	require.ErrorIs(t, err, jobs.ErrDuplicate, "the run waiting for its retry is an equal run")
+	_, err = r.Client().Dispatch(ctx, "test:job:fragile", exportInput{Report: "r1"}, &jobs.DispatchOptions{TenantID: "acme"})
+	require.NoError(t, err, "the archived run neither waits nor runs")
+	eventually(t, "the second run", func() bool {
+		return b.count(t, `SELECT count(*) FROM runs WHERE job = 'test:job:fragile' AND ref = 'r1'`) == 1
+	})
+}

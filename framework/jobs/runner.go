@@ -275,10 +275,38 @@ func (r *Runner) handler(lane framework.RunIn, j *Job) asynq.HandlerFunc {
 			if v := recover(); v != nil {
 				err = fmt.Errorf("jobs: %s: panic: %v", j.name, v)
 			}
+			if err != nil && j.opts.Unique > 0 && (errors.Is(err, SkipRetry) || jc.Retry >= jc.MaxRetry) {
+				queue, _ := asynq.GetQueueName(ctx)
+				r.releaseUnique(ctx, jc, queue)
+			}
 			r.finish(jc, start, err)
 		}()
 		jc.CorrelationID = cmp.Or(jc.CorrelationID, jc.TaskID)
 		return j.run(ctx, jc, t.Payload())
+	}
+}
+
+// releaseUniqueScript deletes a uniqueness lock (KEYS[1]) if the run
+// ARGV[1] still holds it.
+var releaseUniqueScript = redis.NewScript(`if redis.call("GET", KEYS[1]) == ARGV[1] then return redis.call("DEL", KEYS[1]) end
+return 0`)
+
+// releaseUnique frees the uniqueness lock of a Unique job's run that asynq
+// is about to archive. asynq frees it only when a run succeeds, so an
+// archived run would refuse every equal enqueue for the rest of the window
+// although it neither waits nor runs (see [Options.Unique]), and the
+// job-trigger consumer would drop such dispatches as duplicates. A failure
+// to free it is logged; the lock then expires with its window.
+func (r *Runner) releaseUnique(ctx context.Context, jc *Context, queue string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.EnqueueTimeout)
+	defer cancel()
+	// asynq records the lock's key in the task's hash.
+	key, err := r.rdb.HGet(ctx, taskKey(queue, jc.TaskID), "unique_key").Result()
+	if err == nil && key != "" {
+		err = releaseUniqueScript.Run(ctx, r.rdb, []string{key}, jc.TaskID).Err()
+	}
+	if err != nil && !errors.Is(err, redis.Nil) {
+		r.log.Warn("job uniqueness lock not released", "job", jc.Job, "task_id", jc.TaskID, "error", err)
 	}
 }
 
