@@ -207,6 +207,11 @@ func tokenCmd() *cobra.Command {
 			if tenant == "" || user == "" {
 				return errors.New("--tenant and --user are required")
 			}
+			if ttl <= 0 {
+				// auth.Mint reads a non-positive lifetime as its default
+				// (an hour): never hand out a live token for an expired one.
+				return fmt.Errorf("--ttl must be positive, not %s", ttl)
+			}
 			ck, err := config.LoadJWTKeys()
 			if err != nil {
 				return err

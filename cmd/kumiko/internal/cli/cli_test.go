@@ -80,3 +80,28 @@ func TestJobsListRefusesALimitOutOfRange(t *testing.T) {
 		require.Contains(t, err.Error(), "--limit "+limit+" is not between 1 and 1000")
 	}
 }
+
+// TestTokenRefusesANonPositiveTTL: `kumiko token --ttl` must be positive;
+// 0 or a negative lifetime (asking for an expired token, say) is refused
+// instead of minting a token valid for an hour.
+func TestTokenRefusesANonPositiveTTL(t *testing.T) {
+	t.Setenv("JWT_SECRET", strings.Repeat("s", 40))
+	run := func(args ...string) (string, error) {
+		root := cli.Root(nil, nil)
+		var out bytes.Buffer
+		root.SetOut(&out)
+		root.SetErr(io.Discard)
+		root.SetArgs(append([]string{"token", "--tenant", "acme", "--user", "alice"}, args...))
+		err := root.ExecuteContext(context.Background())
+		return out.String(), err
+	}
+	out, err := run("--ttl", "5m")
+	require.NoError(t, err)
+	require.Equal(t, 2, strings.Count(out, "."), "a JWT: %q", out)
+	for _, ttl := range []string{"0s", "-1h"} {
+		out, err := run("--ttl", ttl)
+		require.Error(t, err, ttl)
+		require.Contains(t, err.Error(), "--ttl must be positive")
+		require.Empty(t, out, ttl)
+	}
+}
