@@ -105,3 +105,19 @@ func TestTokenRefusesANonPositiveTTL(t *testing.T) {
 		require.Empty(t, out, ttl)
 	}
 }
+
+// TestPruneRefusesAnEmptyTypes: `kumiko events prune --types ""` (an unset
+// variable in a script) is refused before anything is deleted, instead of
+// falling back to the default of every pub/sub type.
+func TestPruneRefusesAnEmptyTypes(t *testing.T) {
+	t.Setenv("DATABASE_URL", "postgres://postgres@127.0.0.1:1/none") // never reached
+	for _, types := range []string{"", " , "} {
+		root := cli.Root(nil, nil)
+		root.SetOut(io.Discard)
+		root.SetErr(io.Discard)
+		root.SetArgs([]string{"events", "prune", "--older-than-days", "30", "--types", types})
+		err := root.ExecuteContext(context.Background())
+		require.Error(t, err, types)
+		require.Contains(t, err.Error(), "--types names no event type", types)
+	}
+}

@@ -65,6 +65,11 @@ what would be deleted and runs the same check.`,
 					names = append(names, t)
 				}
 			}
+			if cmd.Flags().Changed("types") && len(names) == 0 {
+				// An unset variable in a script (--types "$TYPES") must not
+				// widen the prune to every pub/sub type.
+				return errors.New("--types names no event type; leave it out to prune every pub/sub type")
+			}
 			pool, _, err := toolPool(cmd.Context())
 			if err != nil {
 				return err
