@@ -127,7 +127,7 @@ type Config struct {
 
 	// DispatcherPollInterval is the dispatcher's poll fallback period,
 	// read from KUMIKO_DISPATCHER_POLL_INTERVAL_MS as a positive integer
-	// number of milliseconds. Defaults to 100ms.
+	// number of milliseconds, at most 86400000 (one day). Defaults to 100ms.
 	DispatcherPollInterval time.Duration
 
 	// DispatcherBatchSize is the maximum number of events a consumer pass
@@ -193,6 +193,9 @@ const (
 
 	maxDatabasePoolMax     = 1000
 	maxDispatcherBatchSize = 10000
+	// maxDispatcherPollInterval bounds the poll: the dispatcher jitters it
+	// by ±20% in nanoseconds, which overflows far above this.
+	maxDispatcherPollInterval = 24 * time.Hour
 )
 
 // VarError is one problem with one environment variable. [Load] and
@@ -233,8 +236,8 @@ func FromLookup(lookup func(string) (string, bool)) (*Config, error) {
 	c := &Config{Mode: l.mode("APP_MODE")}
 	c.HTTPAddr = l.addr("HTTP_ADDR", defaultHTTPAddr)
 	c.WorkerHTTPAddr = l.addr("WORKER_HTTP_ADDR", defaultWorkerHTTPAddr)
-	c.HTTPReadTimeout = l.millis("HTTP_READ_TIMEOUT_MS", defaultHTTPReadTimeout, false)
-	c.HTTPIdleTimeout = l.millis("HTTP_IDLE_TIMEOUT_MS", defaultHTTPIdleTimeout, false)
+	c.HTTPReadTimeout = l.millis("HTTP_READ_TIMEOUT_MS", defaultHTTPReadTimeout, false, 0)
+	c.HTTPIdleTimeout = l.millis("HTTP_IDLE_TIMEOUT_MS", defaultHTTPIdleTimeout, false, 0)
 	c.DatabaseURL, primary = l.databaseURL("DATABASE_URL", true)
 	c.DatabaseReadURL, replica = l.databaseURL("DATABASE_READ_URL", false)
 	poolMax := l.intRange("DATABASE_POOL_MAX", defaultDatabasePoolMax, 1, maxDatabasePoolMax)
@@ -242,17 +245,17 @@ func FromLookup(lookup func(string) (string, bool)) (*Config, error) {
 	c.DatabasePoolIdleTimeout = l.duration("DATABASE_POOL_IDLE_TIMEOUT", defaultDatabasePoolIdle, false)
 	c.DatabasePoolConnectTimeout = l.duration("DATABASE_POOL_CONNECT_TIMEOUT", defaultDatabasePoolConnect, true)
 	c.RedisURL = l.redisURL("REDIS_URL")
-	c.RedisConnectTimeout = l.millis("REDIS_CONNECT_TIMEOUT_MS", defaultRedisConnectTimeout, false)
-	c.RedisCommandTimeout = l.millis("REDIS_COMMAND_TIMEOUT_MS", defaultRedisCommandTimeout, true)
+	c.RedisConnectTimeout = l.millis("REDIS_CONNECT_TIMEOUT_MS", defaultRedisConnectTimeout, false, 0)
+	c.RedisCommandTimeout = l.millis("REDIS_COMMAND_TIMEOUT_MS", defaultRedisCommandTimeout, true, 0)
 	c.RedisMaxRetries = l.intRange("REDIS_MAX_RETRIES_PER_REQUEST", defaultRedisMaxRetries, 0, math.MaxInt32)
 	c.InstanceID = l.instanceID("KUMIKO_INSTANCE_ID")
 	c.JWTKeys = l.jwtKeys("JWT_SECRET", c.Mode != ModeWorker)
-	c.DispatcherPollInterval = l.millis("KUMIKO_DISPATCHER_POLL_INTERVAL_MS", defaultDispatcherPollInterval, false)
+	c.DispatcherPollInterval = l.millis("KUMIKO_DISPATCHER_POLL_INTERVAL_MS", defaultDispatcherPollInterval, false, maxDispatcherPollInterval)
 	c.DispatcherBatchSize = l.intRange("KUMIKO_DISPATCHER_BATCH_SIZE", defaultDispatcherBatchSize, 1, maxDispatcherBatchSize)
 	c.DispatcherPollOnly = l.boolean("KUMIKO_DISPATCHER_POLL_ONLY")
-	c.DrainTimeout = l.millis("KUMIKO_DRAIN_TIMEOUT_MS", defaultDrainTimeout, false)
+	c.DrainTimeout = l.millis("KUMIKO_DRAIN_TIMEOUT_MS", defaultDrainTimeout, false, 0)
 	c.IdempotencyTTL = l.duration("KUMIKO_IDEMPOTENCY_TTL", defaultIdempotencyTTL, false)
-	c.ReplicaWait = l.millis("KUMIKO_REPLICA_WAIT_MS", defaultReplicaWait, false)
+	c.ReplicaWait = l.millis("KUMIKO_REPLICA_WAIT_MS", defaultReplicaWait, false, 0)
 	c.RunLocalJobs = l.boolean("KUMIKO_RUN_LOCAL_JOBS")
 	c.Dev = l.boolean("KUMIKO_DEV")
 	c.LogLevel = l.logLevel("LOG_LEVEL")
@@ -408,11 +411,17 @@ func (l *loader) intRange(name string, def, lo, hi int) int {
 	return def
 }
 
-// millis reads a whole number of milliseconds; allowZero admits 0.
-func (l *loader) millis(name string, def time.Duration, allowZero bool) time.Duration {
+// millis reads a whole number of milliseconds; allowZero admits 0, and
+// limit, when positive, is the largest value admitted (else the largest
+// time.Duration).
+func (l *loader) millis(name string, def time.Duration, allowZero bool, limit time.Duration) time.Duration {
 	v, ok := l.get(name)
 	if !ok {
 		return def
+	}
+	maxMillis := math.MaxInt64 / int64(time.Millisecond)
+	if limit > 0 {
+		maxMillis = limit.Milliseconds()
 	}
 	n, err := strconv.ParseInt(v, 10, 64)
 	switch {
@@ -424,8 +433,8 @@ func (l *loader) millis(name string, def time.Duration, allowZero bool) time.Dur
 		}
 	case n == 0 && !allowZero:
 		l.failf(name, "must be a positive integer number of milliseconds, got %q", v)
-	case err != nil || n > math.MaxInt64/int64(time.Millisecond):
-		l.failf(name, "is too large (at most %d milliseconds), got %q", math.MaxInt64/int64(time.Millisecond), v)
+	case err != nil || n > maxMillis:
+		l.failf(name, "is too large (at most %d milliseconds), got %q", maxMillis, v)
 	default:
 		return time.Duration(n) * time.Millisecond
 	}

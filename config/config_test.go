@@ -216,6 +216,7 @@ func TestValues(t *testing.T) {
 		{"DATABASE_POOL_CONNECT_TIMEOUT", "0", func(t *testing.T, c *Config) { require.Zero(t, c.DatabasePoolConnectTimeout) }},
 		{"REDIS_COMMAND_TIMEOUT_MS", "0", func(t *testing.T, c *Config) { require.Zero(t, c.RedisCommandTimeout) }},
 		{"REDIS_URL", "unix:///run/redis.sock", func(t *testing.T, c *Config) { require.Equal(t, "unix:///run/redis.sock", c.RedisURL) }},
+		{"KUMIKO_DISPATCHER_POLL_INTERVAL_MS", "86400000", func(t *testing.T, c *Config) { require.Equal(t, 24*time.Hour, c.DispatcherPollInterval) }},
 		{"KUMIKO_DISPATCHER_BATCH_SIZE", "1", func(t *testing.T, c *Config) { require.Equal(t, 1, c.DispatcherBatchSize) }},
 		{"KUMIKO_DISPATCHER_POLL_ONLY", "0", func(t *testing.T, c *Config) { require.False(t, c.DispatcherPollOnly) }},
 		{"KUMIKO_DEV", "false", func(t *testing.T, c *Config) { require.False(t, c.Dev) }},
@@ -267,6 +268,10 @@ func TestBadValues(t *testing.T) {
 		{"KUMIKO_INSTANCE_ID", "__shared__", `KUMIKO_INSTANCE_ID: "__shared__" is reserved for shared consumer delivery`},
 		{"JWT_SECRET", "short", "JWT_SECRET: secret must be at least 16 bytes, got 5"},
 		{"KUMIKO_DISPATCHER_POLL_INTERVAL_MS", "0", `KUMIKO_DISPATCHER_POLL_INTERVAL_MS: must be a positive integer number of milliseconds, got "0"`},
+		// The largest value the general bound admits made the dispatcher's
+		// jitter overflow: it panicked (or spun without waiting).
+		{"KUMIKO_DISPATCHER_POLL_INTERVAL_MS", "9223372036854", `KUMIKO_DISPATCHER_POLL_INTERVAL_MS: is too large (at most 86400000 milliseconds), got "9223372036854"`},
+		{"KUMIKO_DISPATCHER_POLL_INTERVAL_MS", "86400001", `KUMIKO_DISPATCHER_POLL_INTERVAL_MS: is too large (at most 86400000 milliseconds), got "86400001"`},
 		{"KUMIKO_DISPATCHER_BATCH_SIZE", "10001", `KUMIKO_DISPATCHER_BATCH_SIZE: must be an integer between 1 and 10000, got "10001"`},
 		{"KUMIKO_DISPATCHER_POLL_ONLY", "yes", `KUMIKO_DISPATCHER_POLL_ONLY: must be true, false, 1 or 0, got "yes"`},
 		{"KUMIKO_DRAIN_TIMEOUT_MS", "30s", `KUMIKO_DRAIN_TIMEOUT_MS: must be a positive integer number of milliseconds, got "30s"`},

@@ -41,7 +41,7 @@
 //	REDIS_MAX_RETRIES_PER_REQUEST       3                          RedisMaxRetries, 0 = none
 //	KUMIKO_INSTANCE_ID                  unset (random UUID)        InstanceID, not "__shared__"
 //	JWT_SECRET                          required unless worker     JWTKeys, see [ParseJWTKeys]
-//	KUMIKO_DISPATCHER_POLL_INTERVAL_MS  100                        DispatcherPollInterval, > 0
+//	KUMIKO_DISPATCHER_POLL_INTERVAL_MS  100                        DispatcherPollInterval, 1..86400000 (a day)
 //	KUMIKO_DISPATCHER_BATCH_SIZE        500                        DispatcherBatchSize, 1..10000
 //	KUMIKO_DISPATCHER_POLL_ONLY         false                      DispatcherPollOnly (behind a transaction-pooling PgBouncer)
 //	KUMIKO_DRAIN_TIMEOUT_MS             30000                      DrainTimeout
