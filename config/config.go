@@ -147,8 +147,10 @@ type Config struct {
 	DrainTimeout time.Duration
 
 	// IdempotencyTTL is how long a finished idempotent write's outcome is
-	// kept for replay, read from KUMIKO_IDEMPOTENCY_TTL as a positive Go
-	// duration. Defaults to 24h.
+	// kept for replay, read from KUMIKO_IDEMPOTENCY_TTL as a Go duration of
+	// at least 30s: the key of a request still running lives this long too,
+	// so it must outlast the 30 s lease of the request's claim. Defaults to
+	// 24h.
 	IdempotencyTTL time.Duration
 
 	// ReplicaWait bounds how long a query carrying a consistency token waits
@@ -193,6 +195,9 @@ const (
 
 	maxDatabasePoolMax     = 1000
 	maxDispatcherBatchSize = 10000
+	// minIdempotencyTTL is the idempotency store's claim lease: a shorter
+	// TTL expires a running request's key under it.
+	minIdempotencyTTL = 30 * time.Second
 	// maxDispatcherPollInterval bounds the poll: the dispatcher jitters it
 	// by ±20% in nanoseconds, which overflows far above this.
 	maxDispatcherPollInterval = 24 * time.Hour
@@ -254,7 +259,7 @@ func FromLookup(lookup func(string) (string, bool)) (*Config, error) {
 	c.DispatcherBatchSize = l.intRange("KUMIKO_DISPATCHER_BATCH_SIZE", defaultDispatcherBatchSize, 1, maxDispatcherBatchSize)
 	c.DispatcherPollOnly = l.boolean("KUMIKO_DISPATCHER_POLL_ONLY")
 	c.DrainTimeout = l.millis("KUMIKO_DRAIN_TIMEOUT_MS", defaultDrainTimeout, false, 0)
-	c.IdempotencyTTL = l.duration("KUMIKO_IDEMPOTENCY_TTL", defaultIdempotencyTTL, false)
+	c.IdempotencyTTL = l.idempotencyTTL("KUMIKO_IDEMPOTENCY_TTL")
 	c.ReplicaWait = l.millis("KUMIKO_REPLICA_WAIT_MS", defaultReplicaWait, false, 0)
 	c.RunLocalJobs = l.boolean("KUMIKO_RUN_LOCAL_JOBS")
 	c.Dev = l.boolean("KUMIKO_DEV")
@@ -461,6 +466,17 @@ func (l *loader) duration(name string, def time.Duration, allowZero bool) time.D
 		return d
 	}
 	return def
+}
+
+// idempotencyTTL reads a duration of at least minIdempotencyTTL.
+func (l *loader) idempotencyTTL(name string) time.Duration {
+	d := l.duration(name, defaultIdempotencyTTL, false)
+	if d < minIdempotencyTTL && !l.failed(name) {
+		v, _ := l.get(name)
+		l.failf(name, "must be at least %s (the lease of a running request's claim), got %q", minIdempotencyTTL, v)
+		return defaultIdempotencyTTL
+	}
+	return d
 }
 
 func (l *loader) boolean(name string) bool {

@@ -217,6 +217,7 @@ func TestValues(t *testing.T) {
 		{"REDIS_COMMAND_TIMEOUT_MS", "0", func(t *testing.T, c *Config) { require.Zero(t, c.RedisCommandTimeout) }},
 		{"REDIS_URL", "unix:///run/redis.sock", func(t *testing.T, c *Config) { require.Equal(t, "unix:///run/redis.sock", c.RedisURL) }},
 		{"KUMIKO_DISPATCHER_POLL_INTERVAL_MS", "86400000", func(t *testing.T, c *Config) { require.Equal(t, 24*time.Hour, c.DispatcherPollInterval) }},
+		{"KUMIKO_IDEMPOTENCY_TTL", "30s", func(t *testing.T, c *Config) { require.Equal(t, 30*time.Second, c.IdempotencyTTL) }},
 		{"KUMIKO_DISPATCHER_BATCH_SIZE", "1", func(t *testing.T, c *Config) { require.Equal(t, 1, c.DispatcherBatchSize) }},
 		{"KUMIKO_DISPATCHER_POLL_ONLY", "0", func(t *testing.T, c *Config) { require.False(t, c.DispatcherPollOnly) }},
 		{"KUMIKO_DEV", "false", func(t *testing.T, c *Config) { require.False(t, c.Dev) }},
@@ -276,6 +277,11 @@ func TestBadValues(t *testing.T) {
 		{"KUMIKO_DISPATCHER_POLL_ONLY", "yes", `KUMIKO_DISPATCHER_POLL_ONLY: must be true, false, 1 or 0, got "yes"`},
 		{"KUMIKO_DRAIN_TIMEOUT_MS", "30s", `KUMIKO_DRAIN_TIMEOUT_MS: must be a positive integer number of milliseconds, got "30s"`},
 		{"KUMIKO_DRAIN_TIMEOUT_MS", "0", `KUMIKO_DRAIN_TIMEOUT_MS: must be a positive integer number of milliseconds, got "0"`},
+		// A TTL below a millisecond expired every claim at once (PEXPIRE 0):
+		// a retried write ran again. One below the claim's lease lets a
+		// running request's key expire under it.
+		{"KUMIKO_IDEMPOTENCY_TTL", "500us", `KUMIKO_IDEMPOTENCY_TTL: must be at least 30s (the lease of a running request's claim), got "500us"`},
+		{"KUMIKO_IDEMPOTENCY_TTL", "10s", `KUMIKO_IDEMPOTENCY_TTL: must be at least 30s (the lease of a running request's claim), got "10s"`},
 		{"KUMIKO_RUN_LOCAL_JOBS", "on", `KUMIKO_RUN_LOCAL_JOBS: must be true, false, 1 or 0, got "on"`},
 		{"KUMIKO_DEV", "2", `KUMIKO_DEV: must be true, false, 1 or 0, got "2"`},
 		{"LOG_LEVEL", "warning", `LOG_LEVEL: must be one of debug, info, warn, error, got "warning"`},

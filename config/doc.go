@@ -45,7 +45,7 @@
 //	KUMIKO_DISPATCHER_BATCH_SIZE        500                        DispatcherBatchSize, 1..10000
 //	KUMIKO_DISPATCHER_POLL_ONLY         false                      DispatcherPollOnly (behind a transaction-pooling PgBouncer)
 //	KUMIKO_DRAIN_TIMEOUT_MS             30000                      DrainTimeout
-//	KUMIKO_IDEMPOTENCY_TTL              24h                        IdempotencyTTL (Go duration)
+//	KUMIKO_IDEMPOTENCY_TTL              24h                        IdempotencyTTL (Go duration), >= 30s
 //	KUMIKO_REPLICA_WAIT_MS              500                        ReplicaWait
 //	KUMIKO_RUN_LOCAL_JOBS               false                      RunLocalJobs (api process consumes the api job lane)
 //	KUMIKO_DEV                          false                      Dev (dev-only token of the demo page)
