@@ -471,6 +471,34 @@ func TestSecretsStayOutOfErrorsAndLogs(t *testing.T) {
 	require.Contains(t, key.String(), `"k1"`)
 }
 
+// TestKeywordValuePasswordsStayOutOfErrors: libpq's keyword/value form
+// allows spaces around '=' and quoted values; pgx's own masking of its
+// parse errors only knows password=value, so these passwords reached the
+// boot error.
+func TestKeywordValuePasswordsStayOutOfErrors(t *testing.T) {
+	t.Parallel()
+
+	const pw = "hunter2-very-secret"
+	for _, connString := range []string{
+		"host=db password = " + pw + " port=bad",
+		"host=db password= " + pw + " port=bad",
+		"host=db password =" + pw + " port=bad",
+		"host=db password = '" + pw + " with spaces' port=bad",
+		"host=db password='" + pw + " it\\'s' port=bad",
+		"host=db sslpassword = " + pw + " port=bad",
+		"host=db\tpassword\t=\t" + pw + " port=bad",
+	} {
+		t.Run(connString, func(t *testing.T) {
+			t.Parallel()
+			_, err := FromLookup(env(map[string]string{"DATABASE_URL": connString, "JWT_SECRET": testSecret}))
+			require.Equal(t, []string{"DATABASE_URL"}, varNames(t, err))
+			require.NotContains(t, err.Error(), "hunter2")
+			require.NotContains(t, err.Error(), "spaces")
+			require.Contains(t, err.Error(), "invalid port", "the reason stays")
+		})
+	}
+}
+
 func TestPoolConfig(t *testing.T) {
 	t.Parallel()
 
