@@ -499,6 +499,28 @@ func TestKeywordValuePasswordsStayOutOfErrors(t *testing.T) {
 	}
 }
 
+// TestUnencodedRedisPasswordsStayOutOfErrors: a password with '/', '?'
+// or '#' (base64 has '/') that was not percent-encoded breaks REDIS_URL,
+// and net/url then quotes the URL cut at that character, and the
+// password's start as a "port", in its error. (pgx parses such a
+// DATABASE_URL as libpq does, up to the last '@'.)
+func TestUnencodedRedisPasswordsStayOutOfErrors(t *testing.T) {
+	t.Parallel()
+
+	for _, pw := range []string{"hunter2/very+secret=", "hunter2#very-secret", "hunter2?very-secret", "hunter2%zzvery-secret"} {
+		for _, u := range []string{"redis://default:" + pw + "@cache:6379/0", "rediss://:" + pw + "@cache/1"} {
+			t.Run(u, func(t *testing.T) {
+				t.Parallel()
+				_, err := FromLookup(env(minimal(map[string]string{"REDIS_URL": u})))
+				require.Equal(t, []string{"REDIS_URL"}, varNames(t, err))
+				require.NotContains(t, err.Error(), "hunter2")
+				require.NotContains(t, err.Error(), "secret")
+				require.Contains(t, err.Error(), "xxxxx")
+			})
+		}
+	}
+}
+
 func TestPoolConfig(t *testing.T) {
 	t.Parallel()
 

@@ -10,10 +10,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// userinfoPassword matches the password of "scheme://user:password@" in a
-// string that net/url cannot parse.
-var userinfoPassword = regexp.MustCompile(`(://[^:/?#@]*:)[^@/?#]*@`)
-
 // keywordPassword matches a password or sslpassword setting of a
 // keyword/value connection string as libpq reads it: whitespace allowed
 // around '=', the value (group 1) single-quoted or running to the next
@@ -23,45 +19,80 @@ var keywordPassword = regexp.MustCompile(`(?is)(?:^|\s)(?:ssl)?password\s*=\s*('
 // keywordEscape matches one backslash escape of a keyword/value setting.
 var keywordEscape = regexp.MustCompile(`(?s)\\(.?)`)
 
+// minFragment is the shortest piece of a password masked wherever it
+// occurs in a message: shorter ones would mask ordinary words.
+const minFragment = 4
+
 // redactErr returns an error with err's message, in which every copy of
 // connString has its password masked. The parsers of go-redis (through
 // net/url) and, best effort, pgx quote their input in errors, and these
-// errors end up in boot logs. pgx masks only "password=value" of the
-// keyword/value form, so the keyword/value passwords libpq also accepts
-// ("password = value", quoted values) are masked here.
+// errors end up in boot logs. Parsers also quote a URL cut short by an
+// unencoded '/', '?' or '#' in its password, and the password's start as
+// a "port"; pgx masks only "password=value" of the keyword/value form,
+// not the spaces around '=' and the quoted values libpq also accepts. So
+// beyond the copies of connString, every piece of a password (at least
+// minFragment bytes) is masked wherever it occurs.
 func redactErr(err error, connString string) error {
-	redacted := userinfoPassword.ReplaceAllString(connString, "${1}xxxxx@")
-	if u, perr := url.Parse(connString); perr == nil && u.User != nil {
-		redacted = u.Redacted()
-	}
 	msg := err.Error()
-	msg = strings.ReplaceAll(msg, strconv.Quote(connString), strconv.Quote(redacted))
-	msg = strings.ReplaceAll(msg, connString, redacted)
-	if !strings.Contains(connString, "://") {
-		msg = redactKeywordPasswords(msg, err, connString)
+	var secrets []string
+	if strings.Contains(connString, "://") {
+		redacted, pw := redactURL(connString)
+		msg = strings.ReplaceAll(msg, strconv.Quote(connString), strconv.Quote(redacted))
+		msg = strings.ReplaceAll(msg, connString, redacted)
+		if pw != "" {
+			secrets = append(secrets, pw)
+			if u, uerr := url.PathUnescape(pw); uerr == nil {
+				secrets = append(secrets, u)
+			}
+		}
+	} else {
+		msg, secrets = redactKeywordPasswords(msg, err, connString)
 	}
-	return errors.New(msg)
+	return errors.New(maskFragments(msg, secrets))
 }
 
-// minMaskedLen is the shortest password value masked wherever it occurs
-// in a message: shorter ones would mask ordinary words.
-const minMaskedLen = 4
+// redactURL returns the URL s with the password of its userinfo masked,
+// and that password as written. A URL net/url cannot parse is split as
+// libpq and pgx split it: the userinfo ends at the last '@', so a password
+// holding an unencoded '/', '?', '#' or '@' is still found whole.
+func redactURL(s string) (redacted, password string) {
+	if u, err := url.Parse(s); err == nil {
+		if u.User == nil {
+			return s, ""
+		}
+		pw, ok := u.User.Password()
+		if !ok {
+			return s, ""
+		}
+		return u.Redacted(), pw
+	}
+	start := strings.Index(s, "://") + len("://")
+	end := strings.LastIndex(s, "@")
+	if end < start {
+		return s, ""
+	}
+	colon := strings.IndexByte(s[start:end], ':')
+	if colon < 0 {
+		return s, ""
+	}
+	colon += start
+	return s[:colon+1] + "xxxxx" + s[end:], s[colon+1 : end]
+}
 
 // redactKeywordPasswords masks the passwords of the keyword/value
 // connString in msg, err's message: the connection string pgx quotes is
-// replaced by one with every password value masked, and any other copy of
-// a value (as written, and unquoted) is masked too.
-func redactKeywordPasswords(msg string, err error, connString string) string {
+// replaced by one with every password value masked. It returns the
+// message and the password values (as written, and unquoted).
+func redactKeywordPasswords(msg string, err error, connString string) (string, []string) {
 	matches := keywordPassword.FindAllStringSubmatchIndex(connString, -1)
 	if len(matches) == 0 {
-		return msg
+		return msg, nil
 	}
-	head, rest := "", msg
 	var pce *pgconn.ParseConfigError
 	if errors.As(err, &pce) && pce.ConnString == connString {
 		// The prefix pgx writes, with its own (partial) masking.
 		prefix := pgconn.NewParseConfigError(connString, "", nil).Error()
-		if r, ok := strings.CutPrefix(msg, prefix); ok {
+		if rest, ok := strings.CutPrefix(msg, prefix); ok {
 			var b strings.Builder
 			last := 0
 			for _, m := range matches {
@@ -70,18 +101,47 @@ func redactKeywordPasswords(msg string, err error, connString string) string {
 				last = m[3]
 			}
 			b.WriteString(connString[last:])
-			head, rest = "cannot parse `"+b.String()+"`: ", r
+			msg = "cannot parse `" + b.String() + "`: " + rest
 		}
 	}
+	var secrets []string
 	for _, m := range matches {
 		raw := connString[m[2]:m[3]]
 		value := strings.TrimSuffix(strings.TrimPrefix(raw, "'"), "'")
-		value = keywordEscape.ReplaceAllString(value, "$1")
-		for _, s := range []string{raw, value} {
-			if len(s) >= minMaskedLen {
-				rest = strings.ReplaceAll(rest, s, "xxxxx")
-			}
-		}
+		secrets = append(secrets, raw, keywordEscape.ReplaceAllString(value, "$1"))
 	}
-	return head + rest
+	return msg, secrets
+}
+
+// maskFragments replaces every run of at least minFragment bytes of msg
+// that occurs in one of secrets with "xxxxx".
+func maskFragments(msg string, secrets []string) string {
+	if len(secrets) == 0 {
+		return msg
+	}
+	var b strings.Builder
+	for i := 0; i < len(msg); {
+		n := 0
+		for _, s := range secrets {
+			n = max(n, longestPrefixIn(msg[i:], s))
+		}
+		if n >= minFragment {
+			b.WriteString("xxxxx")
+			i += n
+			continue
+		}
+		b.WriteByte(msg[i])
+		i++
+	}
+	return b.String()
+}
+
+// longestPrefixIn returns the length of the longest prefix of m that
+// occurs in s.
+func longestPrefixIn(m, s string) int {
+	n := 0
+	for n < len(m) && n < len(s) && strings.Contains(s, m[:n+1]) {
+		n++
+	}
+	return n
 }
