@@ -701,3 +701,34 @@ func ExampleParseJWTKeys() {
 	// JWTKey{ID: "2025-06", Secret: [redacted 21 bytes]}
 	// JWTKey{ID: "2025-01", Secret: [redacted 21 bytes]}
 }
+
+// FuzzRedactedPasswords: whatever a password holds, the error of a
+// connection string that does not parse never quotes it (masking reaches
+// pieces of at least minFragment bytes, so passwords are 8 or more here;
+// whitespace, quotes and backslashes change what a keyword/value password
+// is and are left out).
+func FuzzRedactedPasswords(f *testing.F) {
+	f.Add("hunter2/very+secret=", 0)
+	f.Add("/0000000", 0)
+	f.Add("abc#def?ghi", 1)
+	f.Add("@00#0000", 2)
+	f.Add("000://00", 3)
+	f.Fuzz(func(t *testing.T, pw string, form int) {
+		if len(pw) < 8 || strings.ContainsAny(pw, "\x00 \t\n\r\v\f'\\") {
+			return
+		}
+		name, u := "DATABASE_URL", "host=db password = "+pw+" port=bad"
+		switch form % 4 {
+		case 0:
+			name, u = "REDIS_URL", "redis://default:"+pw+"@cache:6379/0"
+		case 1:
+			name, u = "REDIS_URL", "redis://:"+pw+"@cache:bad/0"
+		case 2:
+			u = "postgres://u:" + pw + "@db:bad/x"
+		}
+		_, err := FromLookup(env(minimal(map[string]string{name: u})))
+		if err != nil {
+			require.NotContains(t, err.Error(), pw)
+		}
+	})
+}

@@ -16,6 +16,10 @@ import (
 // whitespace, with backslash escapes in both.
 var keywordPassword = regexp.MustCompile(`(?is)(?:^|\s)(?:ssl)?password\s*=\s*('(?:\\.|[^'\\])*'?|(?:\\.|\\$|[^\s\\])*)`)
 
+// urlScheme matches the start of a URL; anything else is a keyword/value
+// connection string.
+var urlScheme = regexp.MustCompile(`^[A-Za-z][A-Za-z0-9+.-]*://`)
+
 // keywordEscape matches one backslash escape of a keyword/value setting.
 var keywordEscape = regexp.MustCompile(`(?s)\\(.?)`)
 
@@ -35,11 +39,11 @@ const minFragment = 4
 func redactErr(err error, connString string) error {
 	msg := err.Error()
 	var secrets []string
-	if strings.Contains(connString, "://") {
-		redacted, pw := redactURL(connString)
+	if urlScheme.MatchString(connString) {
+		redacted, pws := redactURL(connString)
 		msg = strings.ReplaceAll(msg, strconv.Quote(connString), strconv.Quote(redacted))
 		msg = strings.ReplaceAll(msg, connString, redacted)
-		if pw != "" {
+		for _, pw := range pws {
 			secrets = append(secrets, pw)
 			if u, uerr := url.PathUnescape(pw); uerr == nil {
 				secrets = append(secrets, u)
@@ -52,31 +56,27 @@ func redactErr(err error, connString string) error {
 }
 
 // redactURL returns the URL s with the password of its userinfo masked,
-// and that password as written. A URL net/url cannot parse is split as
-// libpq and pgx split it: the userinfo ends at the last '@', so a password
-// holding an unencoded '/', '?', '#' or '@' is still found whole.
-func redactURL(s string) (redacted, password string) {
-	if u, err := url.Parse(s); err == nil {
-		if u.User == nil {
-			return s, ""
-		}
-		pw, ok := u.User.Password()
-		if !ok {
-			return s, ""
-		}
-		return u.Redacted(), pw
-	}
+// and the password as written (or the candidates, when net/url and libpq
+// read it differently). Besides net/url's reading, s is split as libpq and
+// pgx split it: the userinfo ends at the last '@', so a password holding
+// an unencoded '/', '?', '#' or '@' is still found whole (net/url reads
+// "u:/pw@h" as host "u:" and path "/pw@h", "u:p#w@h" as host "u:p").
+func redactURL(s string) (redacted string, passwords []string) {
+	redacted = s
 	start := strings.Index(s, "://") + len("://")
 	end := strings.LastIndex(s, "@")
-	if end < start {
-		return s, ""
+	if colon := strings.IndexByte(s[start:max(end, start)], ':'); end > start && colon >= 0 {
+		colon += start
+		redacted = s[:colon+1] + "xxxxx" + s[end:]
+		passwords = append(passwords, s[colon+1:end])
 	}
-	colon := strings.IndexByte(s[start:end], ':')
-	if colon < 0 {
-		return s, ""
+	if u, err := url.Parse(s); err == nil && u.User != nil {
+		if pw, ok := u.User.Password(); ok && pw != "" {
+			redacted = u.Redacted()
+			passwords = append(passwords, pw)
+		}
 	}
-	colon += start
-	return s[:colon+1] + "xxxxx" + s[end:], s[colon+1 : end]
+	return redacted, passwords
 }
 
 // redactKeywordPasswords masks the passwords of the keyword/value
