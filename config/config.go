@@ -106,8 +106,9 @@ type Config struct {
 
 	// RedisCommandTimeout bounds reading and writing one Redis command, read
 	// from REDIS_COMMAND_TIMEOUT_MS as a non-negative integer number of
-	// milliseconds; 0 disables the bound (not recommended: an unreachable
-	// Redis then hangs requests). Defaults to 10s.
+	// milliseconds, at most 86400000 (one day); 0 disables the bound (not
+	// recommended: an unreachable Redis then hangs requests). Defaults to
+	// 10s.
 	RedisCommandTimeout time.Duration
 
 	// RedisMaxRetries is how often a failed Redis command is retried, read
@@ -195,6 +196,9 @@ const (
 
 	maxDatabasePoolMax     = 1000
 	maxDispatcherBatchSize = 10000
+	// maxRedisCommandTimeout bounds the command timeout: go-redis waits for
+	// a pooled connection for it plus 1 s, which must not overflow.
+	maxRedisCommandTimeout = 24 * time.Hour
 	// minIdempotencyTTL is the idempotency store's claim lease: a shorter
 	// TTL expires a running request's key under it.
 	minIdempotencyTTL = 30 * time.Second
@@ -251,7 +255,7 @@ func FromLookup(lookup func(string) (string, bool)) (*Config, error) {
 	c.DatabasePoolConnectTimeout = l.duration("DATABASE_POOL_CONNECT_TIMEOUT", defaultDatabasePoolConnect, true)
 	c.RedisURL = l.redisURL("REDIS_URL")
 	c.RedisConnectTimeout = l.millis("REDIS_CONNECT_TIMEOUT_MS", defaultRedisConnectTimeout, false, 0)
-	c.RedisCommandTimeout = l.millis("REDIS_COMMAND_TIMEOUT_MS", defaultRedisCommandTimeout, true, 0)
+	c.RedisCommandTimeout = l.millis("REDIS_COMMAND_TIMEOUT_MS", defaultRedisCommandTimeout, true, maxRedisCommandTimeout)
 	c.RedisMaxRetries = l.intRange("REDIS_MAX_RETRIES_PER_REQUEST", defaultRedisMaxRetries, 0, math.MaxInt32)
 	c.InstanceID = l.instanceID("KUMIKO_INSTANCE_ID")
 	c.JWTKeys = l.jwtKeys("JWT_SECRET", c.Mode != ModeWorker)

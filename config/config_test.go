@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 )
 
@@ -263,7 +264,8 @@ func TestBadValues(t *testing.T) {
 		{"REDIS_CONNECT_TIMEOUT_MS", "0", `REDIS_CONNECT_TIMEOUT_MS: must be a positive integer number of milliseconds, got "0"`},
 		{"REDIS_CONNECT_TIMEOUT_MS", "5s", `REDIS_CONNECT_TIMEOUT_MS: must be a positive integer number of milliseconds, got "5s"`},
 		{"REDIS_COMMAND_TIMEOUT_MS", "-1", `REDIS_COMMAND_TIMEOUT_MS: must be a non-negative integer number of milliseconds, got "-1"`},
-		{"REDIS_COMMAND_TIMEOUT_MS", "9223372036855", `REDIS_COMMAND_TIMEOUT_MS: is too large (at most 9223372036854 milliseconds), got "9223372036855"`},
+		{"REDIS_COMMAND_TIMEOUT_MS", "9223372036855", `REDIS_COMMAND_TIMEOUT_MS: is too large (at most 86400000 milliseconds), got "9223372036855"`},
+		{"REDIS_COMMAND_TIMEOUT_MS", "86400001", `REDIS_COMMAND_TIMEOUT_MS: is too large (at most 86400000 milliseconds), got "86400001"`},
 		{"REDIS_MAX_RETRIES_PER_REQUEST", "-1", `REDIS_MAX_RETRIES_PER_REQUEST: must be a non-negative integer, got "-1"`},
 		{"REDIS_MAX_RETRIES_PER_REQUEST", "3000000000", `REDIS_MAX_RETRIES_PER_REQUEST: must be at most 2147483647, got "3000000000"`},
 		{"KUMIKO_INSTANCE_ID", "__shared__", `KUMIKO_INSTANCE_ID: "__shared__" is reserved for shared consumer delivery`},
@@ -603,6 +605,26 @@ func TestRedisOptions(t *testing.T) {
 	require.Equal(t, 3400*time.Millisecond, opts.ReadTimeout)
 	require.Equal(t, 3400*time.Millisecond, opts.WriteTimeout)
 	require.Equal(t, 7, opts.MaxRetries)
+}
+
+// TestRedisCommandTimeoutKeepsThePoolTimeout: go-redis waits for a free
+// connection for the command timeout plus 1 s. The largest command timeout
+// config accepted overflowed that sum, and a negative wait fails every
+// command at once while the pool is busy ("connection pool timeout").
+func TestRedisCommandTimeoutKeepsThePoolTimeout(t *testing.T) {
+	t.Parallel()
+
+	for _, v := range []string{"86400000", "9223372036854"} {
+		c, err := FromLookup(env(minimal(map[string]string{"REDIS_COMMAND_TIMEOUT_MS": v})))
+		if err != nil {
+			continue // refused at boot: fine
+		}
+		opts, err := c.RedisOptions()
+		require.NoError(t, err)
+		rdb := redis.NewClient(opts) // applies go-redis's defaults; dials nothing yet
+		require.Positive(t, rdb.Options().PoolTimeout, "REDIS_COMMAND_TIMEOUT_MS=%s", v)
+		require.NoError(t, rdb.Close())
+	}
 }
 
 func TestRedisOptionsDefaultsAndZeros(t *testing.T) {

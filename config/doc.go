@@ -37,7 +37,7 @@
 //	DATABASE_POOL_CONNECT_TIMEOUT       5s                         DatabasePoolConnectTimeout, 0 = none
 //	REDIS_URL                           redis://127.0.0.1:6379/0   RedisURL
 //	REDIS_CONNECT_TIMEOUT_MS            5000                       RedisConnectTimeout, > 0
-//	REDIS_COMMAND_TIMEOUT_MS            10000                      RedisCommandTimeout, 0 = none
+//	REDIS_COMMAND_TIMEOUT_MS            10000                      RedisCommandTimeout, 0 = none, at most 86400000
 //	REDIS_MAX_RETRIES_PER_REQUEST       3                          RedisMaxRetries, 0 = none
 //	KUMIKO_INSTANCE_ID                  unset (random UUID)        InstanceID, not "__shared__"
 //	JWT_SECRET                          required unless worker     JWTKeys, see [ParseJWTKeys]
