@@ -389,10 +389,24 @@ func (l *loader) addr(name, def string) string {
 	if !ok {
 		return def
 	}
-	if _, port, err := net.SplitHostPort(v); err != nil || port == "" {
+	_, port, err := net.SplitHostPort(v)
+	switch {
+	case err != nil || port == "":
 		l.failf(name, "must be a listen address host:port such as \":8080\", got %q", v)
+	case !validPort(port):
+		l.failf(name, "port must be a number from 0 to 65535 or a service name, got %q", v)
 	}
 	return v
+}
+
+// validPort reports whether net.Listen accepts port: a number from 0 to
+// 65535 or a service name it knows (/etc/services).
+func validPort(port string) bool {
+	if n, err := strconv.Atoi(port); err == nil {
+		return n >= 0 && n <= 65535
+	}
+	_, err := net.LookupPort("tcp", port)
+	return err == nil
 }
 
 // intRange reads an integer in [lo, hi]; lo is 0 or 1.

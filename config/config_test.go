@@ -211,6 +211,7 @@ func TestValues(t *testing.T) {
 		{"APP_MODE", "worker", func(t *testing.T, c *Config) { require.Equal(t, ModeWorker, c.Mode) }},
 		{"APP_MODE", "all-in-one", func(t *testing.T, c *Config) { require.Equal(t, ModeAllInOne, c.Mode) }},
 		{"HTTP_ADDR", ":0", func(t *testing.T, c *Config) { require.Equal(t, ":0", c.HTTPAddr) }},
+		{"HTTP_ADDR", "127.0.0.1:65535", func(t *testing.T, c *Config) { require.Equal(t, "127.0.0.1:65535", c.HTTPAddr) }},
 		{"HTTP_ADDR", "[::1]:80", func(t *testing.T, c *Config) { require.Equal(t, "[::1]:80", c.HTTPAddr) }},
 		{"DATABASE_POOL_MAX", "1", func(t *testing.T, c *Config) { require.Equal(t, int32(1), c.DatabasePoolMax) }},
 		{"DATABASE_POOL_MAX", "1000", func(t *testing.T, c *Config) { require.Equal(t, int32(1000), c.DatabasePoolMax) }},
@@ -247,6 +248,11 @@ func TestBadValues(t *testing.T) {
 		{"APP_MODE", "API", `APP_MODE: must be one of api, worker, all-in-one, got "API"`},
 		{"HTTP_ADDR", "8080", `HTTP_ADDR: must be a listen address host:port such as ":8080", got "8080"`},
 		{"WORKER_HTTP_ADDR", "localhost:", `WORKER_HTTP_ADDR: must be a listen address host:port such as ":8080", got "localhost:"`},
+		// A port out of range failed only at listen, after every other
+		// problem had been reported.
+		{"HTTP_ADDR", ":80800", `HTTP_ADDR: port must be a number from 0 to 65535 or a service name, got ":80800"`},
+		{"WORKER_HTTP_ADDR", "127.0.0.1:-1", `WORKER_HTTP_ADDR: port must be a number from 0 to 65535 or a service name, got "127.0.0.1:-1"`},
+		{"HTTP_ADDR", ":no-such-service-name", `HTTP_ADDR: port must be a number from 0 to 65535 or a service name, got ":no-such-service-name"`},
 		{"DATABASE_URL", "postgres://h/db?sslmode=bogus", "DATABASE_URL: cannot parse `postgres://h/db?sslmode=bogus`: failed to configure TLS (sslmode is invalid)"},
 		{"DATABASE_READ_URL", "postgres://h:port/db", "DATABASE_READ_URL: cannot parse `postgres://h:port/db`: invalid port"},
 		{"DATABASE_URL", testDatabaseURL + "?pool_min_conns=11", "DATABASE_URL: pool_min_conns 11 exceeds DATABASE_POOL_MAX 10"},
