@@ -170,6 +170,35 @@ func TestRotation(t *testing.T) {
 	requireUnauthorized(t, rotated, s)
 }
 
+// TestRotationFromOneUnnamedSecret is the path README.md documents for
+// leaving the one-secret form of JWT_SECRET: its tokens carry no kid, and
+// a token without kid is checked against the first key only, so the new
+// key cannot go in front at once; the secret first gets an id.
+func TestRotationFromOneUnnamedSecret(t *testing.T) {
+	t.Parallel()
+	p := auth.Principal{UserID: "u", TenantID: "t"}
+	single := newKeyring(t, auth.Key{Secret: secret1})
+	unnamedTok, err := single.Mint(p, time.Minute)
+	require.NoError(t, err)
+
+	// In one step, every token of the single secret stops verifying.
+	requireUnauthorized(t, newKeyring(t, auth.Key{ID: "new", Secret: secret2}, auth.Key{ID: "old", Secret: secret1}), unnamedTok)
+
+	// Step 1: name the secret. Its old tokens still verify; new ones carry
+	// the id.
+	named := newKeyring(t, auth.Key{ID: "old", Secret: secret1})
+	_, err = named.Verify(unnamedTok)
+	require.NoError(t, err)
+	namedTok, err := named.Mint(p, time.Minute)
+	require.NoError(t, err)
+
+	// Step 2, once the unnamed tokens expired: the new key in front.
+	rotated := newKeyring(t, auth.Key{ID: "new", Secret: secret2}, auth.Key{ID: "old", Secret: secret1})
+	got, err := rotated.Verify(namedTok)
+	require.NoError(t, err)
+	require.Equal(t, p, got)
+}
+
 func TestNoKidUsesFirstKey(t *testing.T) {
 	t.Parallel()
 	kr := newKeyring(t, auth.Key{ID: "k2", Secret: secret2}, auth.Key{ID: "k1", Secret: secret1})

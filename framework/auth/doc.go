@@ -25,6 +25,11 @@
 //		{ID: "2025-01", Secret: oldSecret}, // still verifies old ones
 //	})
 //
+// A key with an empty ID signs tokens without `kid`, which only the first key
+// verifies: to move from it to several keys, first give it an ID (its tokens
+// still verify, new ones carry the ID), and add the new key in front once the
+// tokens it signed without `kid` have expired.
+//
 // # Transport
 //
 // A client presents its token either as `Authorization: Bearer <token>` or in
