@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"runtime/debug"
 	"sync"
@@ -49,7 +50,7 @@ type Config struct {
 	// automatically. Defaults to 5m.
 	ReviveCooldown time.Duration
 	// MaxRevivals caps automatic revivals until a delivery succeeds.
-	// Defaults to 3.
+	// Defaults to 3; a negative value turns automatic revival off.
 	MaxRevivals int
 	// HeartbeatInterval is how often per-instance rows are touched, lag is
 	// measured and stale rows are removed. Defaults to 10s.
@@ -171,6 +172,9 @@ func New(pool *pgxpool.Pool, reg *framework.Registry, consumers []Consumer, cfg 
 	c.StaleInstanceAfter = cmp.Or(c.StaleInstanceAfter, 10*time.Minute)
 	c.NotifyInterval = cmp.Or(c.NotifyInterval, 5*time.Millisecond)
 	c.PassTimeout = cmp.Or(c.PassTimeout, 60*time.Second)
+	if err := c.checkSigns(); err != nil {
+		return nil, err
+	}
 	d := &Dispatcher{
 		pool: pool, reg: reg, cfg: c,
 		log:       cmp.Or(c.Logger, slog.New(slog.DiscardHandler)),
@@ -320,9 +324,36 @@ func (d *Dispatcher) registerRetrying(ctx context.Context) bool {
 	})
 }
 
+// checkSigns refuses the negative durations and sizes of c: a negative
+// poll interval, say, would make every poll wait panic, and a negative
+// batch size fail every pass in SQL.
+func (c *Config) checkSigns() error {
+	for _, v := range []struct {
+		name string
+		val  int64
+	}{
+		{"BatchSize", int64(c.BatchSize)}, {"MaxConcurrentPasses", int64(c.MaxConcurrentPasses)},
+		{"PollInterval", int64(c.PollInterval)},
+		{"RetryBaseDelay", int64(c.RetryBaseDelay)}, {"RetryMaxDelay", int64(c.RetryMaxDelay)},
+		{"ReviveCooldown", int64(c.ReviveCooldown)}, {"HeartbeatInterval", int64(c.HeartbeatInterval)},
+		{"StaleInstanceAfter", int64(c.StaleInstanceAfter)}, {"NotifyInterval", int64(c.NotifyInterval)},
+		{"PassTimeout", int64(c.PassTimeout)},
+	} {
+		if v.val < 0 {
+			return fmt.Errorf("dispatcher: %s must not be negative (got %d)", v.name, v.val)
+		}
+	}
+	return nil
+}
+
+// maxJitterable bounds the interval jitter spreads: beyond it the ±20%
+// would overflow a Duration (an interval of centuries is "never" anyway).
+const maxJitterable = time.Duration(math.MaxInt64 / 2)
+
 // jitter returns interval ±20%.
 func jitter(interval time.Duration) time.Duration {
-	return interval*8/10 + time.Duration(rand.Int64N(int64(interval*4/10)+1))
+	interval = min(max(interval, 0), maxJitterable)
+	return interval/10*8 + time.Duration(rand.Int64N(int64(interval/10*4)+1))
 }
 
 // maxInvisiblePoll caps the re-poll while events wait above the horizon.

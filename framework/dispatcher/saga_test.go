@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -198,4 +199,23 @@ func TestNewBuildsTheRegistry(t *testing.T) {
 	framework.DefineEvent[noted](broken.Feature("test"), "noted", nil)
 	_, err = dispatcher.New(b.db.Pool, broken, nil, &dispatcher.Config{InstanceID: "broken"})
 	require.ErrorContains(t, err, "noted")
+}
+
+// TestNewRefusesNegativeSettings: a negative duration or size set in code
+// is refused up front; a negative PollInterval used to panic the poll loop
+// at its first wait.
+func TestNewRefusesNegativeSettings(t *testing.T) {
+	t.Parallel()
+	reg := framework.NewRegistry()
+	for name, cfg := range map[string]dispatcher.Config{
+		"PollInterval": {PollInterval: -time.Second},
+		"BatchSize":    {BatchSize: -1},
+		"PassTimeout":  {PassTimeout: -1},
+	} {
+		cfg.InstanceID = "negative"
+		_, err := dispatcher.New(nil, reg, nil, &cfg)
+		require.ErrorContains(t, err, name+" must not be negative", name)
+	}
+	_, err := dispatcher.New(nil, reg, nil, &dispatcher.Config{InstanceID: "no-revivals", MaxRevivals: -1})
+	require.NoError(t, err, "a negative MaxRevivals turns revival off")
 }
