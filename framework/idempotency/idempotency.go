@@ -612,6 +612,8 @@ func (c *Claim) Release(ctx context.Context) error {
 }
 
 // Abandon stops renewing the lease without touching the key, as a crashed
-// owner would; the key is claimable again once the lease runs out. Tests
-// use it to simulate a crash.
+// owner would; the key is claimable again once the lease runs out, and the
+// next claim reports this owner as [Claim.PreviousOwner]. Tests use it to
+// simulate a crash; the HTTP layer uses it for a claim it can neither run
+// nor release.
 func (c *Claim) Abandon() { c.stopRenewal() }

@@ -31,7 +31,10 @@
 // payload is 422 idempotency_key_reused; a keyed request while the store is
 // unreachable is 503 idempotency_unavailable and does not run. The key is
 // recorded in the metadata (idempotencyKey) of the events the write
-// appends. See framework/idempotency for the protocol.
+// appends; a request that takes over the key of an owner that died (its
+// lease ran out) looks for them first and does not run a write that
+// committed again: it is answered 409 conflict listing those events. See
+// framework/idempotency for the protocol.
 //
 // # Read-your-writes
 //

@@ -123,8 +123,43 @@ func (s *Server) idempotent(next echo.HandlerFunc) echo.HandlerFunc {
 		if replay != nil {
 			return s.replay(c, key, replay)
 		}
+		if claim.PreviousOwner() != "" {
+			if next, err = s.unlessCommitted(c, next, claim, p, key); err != nil {
+				return err
+			}
+		}
 		return s.runClaimed(c, next, claim, key)
 	}
+}
+
+// unlessCommitted guards a keyed request whose claim was taken over from
+// an owner that died (its lease ran out, as when its process was killed):
+// that owner may have committed the write and died before its response
+// was stored. The events carry the key in their metadata, so when the
+// events table holds any of this caller's with the key, the write is not
+// run again: the request is answered (and the key finished with) 409
+// conflict, whose details list those events. Otherwise next runs. When the
+// database cannot say, the request is answered 503 and the claim is left
+// to run out (not released: a fresh claim would run without this check),
+// so a retry after the lease asks again.
+func (s *Server) unlessCommitted(c echo.Context, next echo.HandlerFunc, claim *idempotency.Claim, p framework.Principal, key string) (echo.HandlerFunc, error) {
+	ctx := context.WithoutCancel(c.Request().Context())
+	evs, err := s.rt.KeyedEvents(ctx, p, key, s.idem.TTL())
+	if err != nil {
+		claim.Abandon()
+		return nil, err
+	}
+	if len(evs) == 0 {
+		return next, nil
+	}
+	s.logger.Warn("idempotent write committed by a dead owner is not run again", "request_id", RequestID(c),
+		"idempotency_key", key, "previous_owner", claim.PreviousOwner(), "events", len(evs))
+	return func(echo.Context) error {
+		return &framework.Error{Code: framework.CodeConflict,
+			Message: "a request with this idempotency key was committed, but the process that ran it stopped " +
+				"before its response was stored; it is not run again (details list the events it committed)",
+			Details: map[string]any{"idempotencyKey": key, "committed": true, "events": evs}}
+	}, nil
 }
 
 // fingerprint hashes the route and every command's type and canonical

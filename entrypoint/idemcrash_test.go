@@ -1,0 +1,122 @@
+package entrypoint_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kumiko-go/kumiko/framework/kumikotest"
+	"github.com/kumiko-go/kumiko/internal/redistest"
+)
+
+// postKeyed sends a keyed write (Idempotency-Key key) of tenant's user and
+// returns status and body.
+func postKeyed(ctx context.Context, t *testing.T, url, tenant, key string, body any) (int, []byte, error) {
+	t.Helper()
+	b, err := json.Marshal(body)
+	require.NoError(t, err)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(b))
+	require.NoError(t, err)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+token(t, tenant))
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	out, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, out, err
+}
+
+// TestKeyedWriteCommittedByAKilledProcessDoesNotRunAgain: an API process
+// commits a keyed write and is killed with SIGKILL before the response
+// reached the idempotency store (here: Redis writes are paused meanwhile).
+// Once the dead owner's lease has run out, the client's retry with the same
+// key on the other API process must not run the write a second time: the
+// log keeps one order, and the retry says the write was committed.
+func TestKeyedWriteCommittedByAKilledProcessDoesNotRunAgain(t *testing.T) {
+	t.Parallel()
+	db := kumikotest.NewDB(t)
+	rds := redistest.Start(t)
+	rdb := rds.Client()
+	redisURL := "redis://" + rds.Addr() + "/0"
+	api1 := start(t, "api-1", procEnv("api", db.URL, redisURL, "api-1"))
+	api2 := start(t, "api-2", procEnv("api", db.URL, redisURL, "api-2"))
+	api1.waitReady(t)
+	api2.waitReady(t)
+	ctx := context.Background()
+
+	const key = "order-crash-0001"
+	redisKey := "kumiko:idem:acme:u-acme:" + key
+	body := map[string]any{"type": "orders:write:place", "payload": map[string]any{"customer": "Ada", "amountCents": 4200}}
+	countPlaced := func() int {
+		var n int
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM events WHERE type = 'orders:event:placed'`).Scan(&n))
+		return n
+	}
+
+	// Hold the write between its claim and its commit: a SHARE lock on
+	// the events table blocks its append.
+	hold, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = hold.Rollback(ctx) }()
+	_, err = hold.Exec(ctx, `LOCK TABLE events IN SHARE MODE`)
+	require.NoError(t, err)
+
+	type answer struct {
+		code int
+		body []byte
+		err  error
+	}
+	first := make(chan answer, 1)
+	go func() {
+		rctx, cancel := context.WithTimeout(ctx, wait)
+		defer cancel()
+		code, b, err := postKeyed(rctx, t, api1.url+"/api/write", "acme", key, body)
+		first <- answer{code, b, err}
+	}()
+	require.Eventually(t, func() bool {
+		st, err := rdb.HGet(ctx, redisKey, "state").Result()
+		return err == nil && st == "pending"
+	}, wait, 10*time.Millisecond, "api-1 claims the key")
+
+	// Redis takes no writes now: the response api-1 is about to store
+	// stays in flight until the process dies.
+	require.NoError(t, rdb.Do(ctx, "CLIENT", "PAUSE", "60000", "WRITE").Err())
+	require.NoError(t, hold.Rollback(ctx))
+	a := <-first
+	require.NoError(t, a.err)
+	require.Equal(t, http.StatusOK, a.code, string(a.body))
+	require.Equal(t, 1, countPlaced())
+	api1.kill()
+	require.NoError(t, rdb.Do(ctx, "CLIENT", "UNPAUSE").Err())
+	st, err := rdb.HGet(ctx, redisKey, "state").Result()
+	require.NoError(t, err)
+	require.Equal(t, "pending", st, "the killed owner's response never reached the store")
+
+	// The dead owner's lease runs out (30 s; here at once).
+	require.NoError(t, rdb.HSet(ctx, redisKey, "lease", 0).Err())
+
+	// The client did not get its answer and retries on the other API.
+	rctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	code, retry, err := postKeyed(rctx, t, api2.url+"/api/write", "acme", key, body)
+	require.NoError(t, err)
+	require.Equal(t, 1, countPlaced(), "the retry ran the committed write again (%d %s)", code, retry)
+	require.Equal(t, http.StatusConflict, code, string(retry))
+	require.Contains(t, string(retry), "committed")
+
+	// Later retries get the same answer, replayed.
+	code2, again, err := postKeyed(rctx, t, api2.url+"/api/write", "acme", key, body)
+	require.NoError(t, err)
+	require.Equal(t, code, code2)
+	require.Equal(t, string(retry), string(again), "replayed byte for byte")
+	require.Equal(t, 1, countPlaced())
+}

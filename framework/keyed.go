@@ -1,0 +1,72 @@
+package framework
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// KeyedEvent is an event that a write keyed with an idempotency key
+// committed (see [Runtime.KeyedEvents]).
+type KeyedEvent struct {
+	// Position is the event's position, its public id.
+	Position int64 `json:"position"`
+	// Type is the qualified event type.
+	Type string `json:"type"`
+	// Stream is the event's aggregate stream.
+	Stream KeyedStream `json:"stream"`
+	// Version is the event's version within its stream.
+	Version int64 `json:"version"`
+}
+
+// KeyedStream names a [KeyedEvent]'s stream.
+type KeyedStream struct {
+	// Type is the aggregate type.
+	Type string `json:"type"`
+	// ID is the aggregate's id.
+	ID string `json:"id"`
+}
+
+// maxKeyedEvents caps what [Runtime.KeyedEvents] returns.
+const maxKeyedEvents = 100
+
+// keyedEventsSQL finds the events a keyed write of a user committed in the
+// tenant (row-level security confines it too) since a time; the created_at
+// index bounds the scan.
+const keyedEventsSQL = `SELECT position, type, stream_type, stream_id, version FROM events
+WHERE created_at >= now() - $4::interval AND tenant_id = $1
+  AND metadata->>'idempotencyKey' = $3 AND metadata->>'userId' = $2
+ORDER BY position LIMIT $5`
+
+// KeyedEvents returns the events (at most 100, oldest first) that writes of
+// p carrying the idempotency key (see [Call].IdempotencyKey) committed
+// within the last window. The idempotency middleware asks it before it
+// runs a keyed write whose previous owner died: a write that committed
+// must not run again. It reads on the primary in p's tenant scope; a
+// database failure is a CodeUnavailable *[Error].
+func (rt *Runtime) KeyedEvents(ctx context.Context, p Principal, key string, window time.Duration) ([]KeyedEvent, error) {
+	conn, err := rt.pool.Acquire(ctx)
+	if err != nil {
+		return nil, &Error{Code: CodeUnavailable, Message: "database unavailable", Err: err}
+	}
+	defer conn.Release()
+	var out []KeyedEvent
+	_, err = rt.runOn(ctx, conn, p.TenantID, p, Metadata{UserID: p.UserID}, true, nil, func(ctx context.Context, tx *Tx) error {
+		rows, err := tx.Query(ctx, keyedEventsSQL, p.TenantID, p.UserID, key, window, maxKeyedEvents)
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (KeyedEvent, error) {
+			var e KeyedEvent
+			err := r.Scan(&e.Position, &e.Type, &e.Stream.Type, &e.Stream.ID, &e.Version)
+			return e, err
+		})
+		return err
+	})
+	if err != nil {
+		return nil, &Error{Code: CodeUnavailable, Message: "database unavailable", Err: fmt.Errorf("keyed events: %w", err)}
+	}
+	return out, nil
+}
