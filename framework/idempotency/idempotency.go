@@ -207,13 +207,14 @@ type Response struct {
 
 // claimScript: KEYS[1] record; ARGV owner, fingerprint, lease ms, ttl ms.
 // A claim run twice by its owner (go-redis retries a command whose answer
-// was late) answers claimed both times.
+// was late) answers claimed both times. A reclaim answers the previous
+// owner and how long before (ms, on Redis's clock) it claimed the key.
 var claimScript = redisauto.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local r = redis.call('HMGET', KEYS[1], 'state', 'owner', 'fp', 'lease')
 if not r[1] or (r[1] == 'pending' and r[2] == ARGV[1]) then
-  redis.call('HSET', KEYS[1], 'state', 'pending', 'owner', ARGV[1], 'fp', ARGV[2], 'lease', now + tonumber(ARGV[3]))
+  redis.call('HSET', KEYS[1], 'state', 'pending', 'owner', ARGV[1], 'fp', ARGV[2], 'lease', now + tonumber(ARGV[3]), 'since', now)
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
   return {'claimed'}
 end
@@ -224,9 +225,10 @@ if r[1] == 'done' then
 end
 local lease = tonumber(r[4]) or 0
 if lease <= now then
-  redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'lease', now + tonumber(ARGV[3]))
+  local since = tonumber(redis.call('HGET', KEYS[1], 'since'))
+  redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'lease', now + tonumber(ARGV[3]), 'since', now)
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
-  return {'reclaimed', r[2]}
+  return {'reclaimed', r[2], since and tostring(now - since) or ''}
 end
 return {'pending', tostring(lease - now)}`)
 
@@ -298,7 +300,14 @@ func (s *Store) Begin(ctx context.Context, sc Scope, fp string) (*Claim, *Respon
 			prev, _ := res[1].(string)
 			s.reclaims.Inc()
 			s.log.Warn("idempotency key reclaimed after its owner's lease ran out", "key", sc.Key, "previous_owner", prev, "owner", owner)
-			return s.newClaim(key, owner, prev), nil, nil
+			c := s.newClaim(key, owner, prev)
+			if len(res) > 2 {
+				age, _ := res[2].(string)
+				if ms, err := strconv.ParseInt(age, 10, 64); err == nil && ms >= 0 {
+					c.previousAge = time.Duration(ms) * time.Millisecond
+				}
+			}
+			return c, nil, nil
 		case "mismatch":
 			return nil, nil, ErrKeyReused
 		case "done":
@@ -380,6 +389,9 @@ type Claim struct {
 	key      string
 	owner    string
 	previous string
+	// previousAge is how long before this claim the previous owner claimed
+	// the key (0: unknown, or no previous owner).
+	previousAge time.Duration
 	// mu guards timer and stopped: a stopped claim is not renewed again. A
 	// renewal already on its way to Redis is not waited for: the script
 	// only extends a pending claim of this owner, so once the claim is
@@ -403,6 +415,13 @@ func (c *Claim) Owner() string { return c.owner }
 // PreviousOwner returns the owner whose expired lease this claim took over
 // ("" for a fresh claim).
 func (c *Claim) PreviousOwner() string { return c.previous }
+
+// PreviousSince returns how long before this claim the previous owner
+// claimed the key (measured on Redis's clock, so the other servers' clock
+// offsets do not matter), or 0 when there was no previous owner or its
+// claim did not record the time (a key claimed by an older version). What
+// the previous owner did with the key happened within it.
+func (c *Claim) PreviousSince() time.Duration { return c.previousAge }
 
 // renew extends the lease and schedules the next renewal (a timer, not a
 // goroutine per claim: most requests finish long before the first one).

@@ -201,9 +201,11 @@ func TestCrashedOwnerIsReclaimed(t *testing.T) {
 	t.Parallel()
 	s, reg := newStore(t, redistest.Shared(t), idempotency.Config{Lease: 300 * time.Millisecond})
 	ctx := t.Context()
+	claimed := time.Now()
 	crashed, _, err := s.Begin(ctx, scope("crash"), "fp")
 	require.NoError(t, err)
 	crashed.Abandon() // the process died: no renewal, no finish
+	require.Zero(t, crashed.PreviousSince())
 
 	start := time.Now()
 	claim, replay, err := s.Begin(ctx, scope("crash"), "fp")
@@ -211,6 +213,10 @@ func TestCrashedOwnerIsReclaimed(t *testing.T) {
 	require.Nil(t, replay)
 	require.NotNil(t, claim, "the duplicate takes the key over once the lease ran out")
 	require.Equal(t, crashed.Owner(), claim.PreviousOwner())
+	// What the crashed owner did happened since its claim: the span a
+	// search for its effects must cover, and no more.
+	require.GreaterOrEqual(t, claim.PreviousSince(), 250*time.Millisecond)
+	require.LessOrEqual(t, claim.PreviousSince(), time.Since(claimed)+50*time.Millisecond)
 	require.NotEqual(t, crashed.Owner(), claim.Owner())
 	require.GreaterOrEqual(t, time.Since(start), 200*time.Millisecond, "not before the lease ran out")
 	require.NoError(t, claim.Finish(ctx, response("second")))

@@ -132,6 +132,13 @@ func (s *Server) idempotent(next echo.HandlerFunc) echo.HandlerFunc {
 	}
 }
 
+// committedCheckTimeout bounds unlessCommitted's query; committedCheckMargin
+// widens the span it searches.
+const (
+	committedCheckTimeout = 10 * time.Second
+	committedCheckMargin  = 5 * time.Second
+)
+
 // unlessCommitted guards a keyed request whose claim was taken over from
 // an owner that died (its lease ran out, as when its process was killed):
 // that owner may have committed the write and died before its response
@@ -143,8 +150,16 @@ func (s *Server) idempotent(next echo.HandlerFunc) echo.HandlerFunc {
 // to run out (not released: a fresh claim would run without this check),
 // so a retry after the lease asks again.
 func (s *Server) unlessCommitted(c echo.Context, next echo.HandlerFunc, claim *idempotency.Claim, p framework.Principal, key string) (echo.HandlerFunc, error) {
-	ctx := context.WithoutCancel(c.Request().Context())
-	evs, err := s.rt.KeyedEvents(ctx, p, key, s.idem.TTL())
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), committedCheckTimeout)
+	defer cancel()
+	// The dead owner committed, if at all, after it claimed the key: the
+	// events of that span (plus a margin for the time between Redis's
+	// clock reading and Postgres's) are all to look at, not a TTL's worth.
+	window := s.idem.TTL()
+	if since := claim.PreviousSince(); since > 0 {
+		window = since + committedCheckMargin
+	}
+	evs, err := s.rt.KeyedEvents(ctx, p, key, window)
 	if err != nil {
 		claim.Abandon()
 		return nil, err
