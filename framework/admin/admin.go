@@ -194,9 +194,6 @@ func (h *handlers) removeInstance(c echo.Context) error {
 	if err != nil {
 		return web.WriteError(c, err)
 	}
-	if instance == dispatcher.SharedInstance {
-		return web.WriteError(c, invalid("instance", "ne", "the shared instance "+dispatcher.SharedInstance+" cannot be removed"))
-	}
 	n, err := dispatcher.RemoveInstance(c.Request().Context(), h.pool, instance)
 	if err != nil {
 		return web.WriteError(c, toError(err))
@@ -209,6 +206,8 @@ func (h *handlers) removeInstance(c echo.Context) error {
 func toError(err error) error {
 	var se *dispatcher.StateError
 	switch {
+	case errors.Is(err, dispatcher.ErrSharedInstance):
+		return invalid("instance", "ne", err.Error())
 	case errors.As(err, &se):
 		return &framework.Error{Code: framework.CodeConflict, Message: err.Error(), Err: err, Details: map[string]any{
 			"name": se.Name, "instance": se.Instance, "verb": se.Verb, "status": se.Status, "want": se.Want,

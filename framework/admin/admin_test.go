@@ -412,7 +412,9 @@ func TestAdminRemovesASilentInstance(t *testing.T) {
 	requireError(t, e, http.StatusConflict, "conflict")
 	require.Contains(t, e.Error.Message, "looks alive")
 	requireError(t, b.do(t, http.MethodDelete, "/api/admin/instances/pod-9", tok, ""), http.StatusNotFound, "not_found")
-	requireError(t, b.do(t, http.MethodDelete, "/api/admin/instances/__shared__", tok, ""), http.StatusBadRequest, "validation_error")
+	e = b.do(t, http.MethodDelete, "/api/admin/instances/__shared__", tok, "")
+	requireError(t, e, http.StatusBadRequest, "validation_error")
+	require.Equal(t, "validation failed: the shared instance __shared__ cannot be removed", e.Error.Message)
 
 	_, err := b.db.Pool.Exec(context.Background(), `UPDATE event_consumers SET heartbeat_at = now() - interval '1 hour' WHERE instance_id = 'pod-1'`)
 	require.NoError(t, err)

@@ -64,6 +64,10 @@ var ErrConsumerBusy = errors.New("dispatcher: consumer is busy")
 // instance's rows had a heartbeat within [RemoveInstanceMinSilence].
 var ErrInstanceAlive = errors.New("dispatcher: instance is alive")
 
+// ErrSharedInstance is returned (wrapped) by [RemoveInstance] for
+// [SharedInstance] or an empty id: neither names a process.
+var ErrSharedInstance = errors.New("dispatcher: not a per-instance id")
+
 // StateError is an ops verb's refusal of the consumer's current state, e.g.
 // restarting a consumer that is not dead.
 type StateError struct {
@@ -552,14 +556,20 @@ const RemoveInstanceMinSilence = time.Minute
 // process at once, instead of waiting for the dispatchers' automatic
 // removal (StaleInstanceAfter, 10 minutes by default), so they neither pin
 // retention nor show false lag. It returns how many rows it removed. It
-// refuses [SharedInstance] and an empty id with an error, an instance
+// refuses [SharedInstance] and an empty id with [ErrSharedInstance]
+// (wrapped), an instance
 // without rows with [ErrConsumerNotFound] (wrapped), and an instance whose
 // rows beat within [RemoveInstanceMinSilence] with [ErrInstanceAlive]
 // (wrapped). A process of that instance that is in fact still running puts
 // its rows back on its next passes, at the cursors it last committed.
 func RemoveInstance(ctx context.Context, pool *pgxpool.Pool, instance string) (int, error) {
-	if instance == "" || instance == SharedInstance {
-		return 0, fmt.Errorf("dispatcher: remove instance: %q is not a per-instance id", instance)
+	// The message is the CLI's and the admin API's alike (no package prefix,
+	// as for the other refusals of the ops verbs).
+	switch instance {
+	case SharedInstance:
+		return 0, &opError{msg: "the shared instance " + SharedInstance + " cannot be removed", kind: ErrSharedInstance}
+	case "":
+		return 0, &opError{msg: "an instance id is required", kind: ErrSharedInstance}
 	}
 	var removed int
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {

@@ -731,7 +731,10 @@ func TestRemoveInstanceDeletesASilentInstancesRows(t *testing.T) {
 	_, err = dispatcher.RemoveInstance(ctx, b.db.Pool, "pod-9")
 	require.ErrorIs(t, err, dispatcher.ErrConsumerNotFound)
 	_, err = dispatcher.RemoveInstance(ctx, b.db.Pool, dispatcher.SharedInstance)
-	require.Error(t, err)
+	require.ErrorIs(t, err, dispatcher.ErrSharedInstance)
+	require.EqualError(t, err, "the shared instance __shared__ cannot be removed")
+	_, err = dispatcher.RemoveInstance(ctx, b.db.Pool, "")
+	require.ErrorIs(t, err, dispatcher.ErrSharedInstance)
 
 	_, err = b.db.Pool.Exec(ctx, `UPDATE event_consumers SET heartbeat_at = now() - interval '2 minutes' WHERE instance_id = 'pod-1'`)
 	require.NoError(t, err)

@@ -313,6 +313,11 @@ func testConsumerRemoveInstance(t *testing.T, bin string) {
 	require.Equal(t, 1, code)
 	require.Empty(t, out)
 	require.Contains(t, errOut, "kumiko: instance pod-1 had a heartbeat")
+	// The same refusal as the admin API's (README: same rules and messages).
+	out, errOut, code = f.run(t, "consumer", "remove-instance", "__shared__")
+	require.Equal(t, 1, code)
+	require.Empty(t, out)
+	require.Equal(t, "kumiko: the shared instance __shared__ cannot be removed\n", errOut)
 	_, err := f.db.Pool.Exec(context.Background(), `UPDATE event_consumers SET heartbeat_at = now() - interval '1 hour' WHERE instance_id = 'pod-1'`)
 	require.NoError(t, err)
 	out, errOut, code = f.run(t, "consumer", "remove-instance", "pod-1")
