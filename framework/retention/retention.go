@@ -79,14 +79,19 @@ func (e *LagError) Error() string {
 	return b.String()
 }
 
+// MaxOlderThanDays bounds Options.OlderThanDays: more days than that
+// (about 2,700 years) reach before the earliest time Postgres can hold.
+const MaxOlderThanDays = 1_000_000
+
 var (
 	// ErrUnknownType is returned when Options.Types names an event type the
 	// registry does not declare.
 	ErrUnknownType = errors.New("retention: unknown event type")
 	// ErrPruneRunning is returned when another prune holds the prune lock.
 	ErrPruneRunning = errors.New("retention: another prune is running")
-	// ErrBadAge is returned when Options.OlderThanDays is below 1.
-	ErrBadAge = errors.New("retention: older-than-days must be at least 1")
+	// ErrBadAge is returned when Options.OlderThanDays is below 1 or above
+	// MaxOlderThanDays.
+	ErrBadAge = fmt.Errorf("retention: older-than-days must be between 1 and %d", MaxOlderThanDays)
 )
 
 // SelectTypes returns the types a prune of names deletes, sorted: the
@@ -154,7 +159,7 @@ SELECT type, count(*) FROM d GROUP BY type`
 // counts instead of deleting; when the guard refuses, it returns the counts
 // together with the *LagError.
 //
-// It returns [ErrBadAge] for OlderThanDays below 1, an error wrapping
+// It returns [ErrBadAge] for OlderThanDays out of range, an error wrapping
 // [ErrUnknownType] for an undeclared type name, and [ErrPruneRunning] when
 // another prune is running. With no type named and no pub/sub type
 // declared, it does nothing and returns a Result with no Types.
@@ -162,7 +167,7 @@ func Prune(ctx context.Context, pool *pgxpool.Pool, reg *framework.Registry, opt
 	if opts == nil {
 		opts = &Options{}
 	}
-	if opts.OlderThanDays < 1 {
+	if opts.OlderThanDays < 1 || opts.OlderThanDays > MaxOlderThanDays {
 		return nil, ErrBadAge
 	}
 	types, err := SelectTypes(reg, opts.Types)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -188,6 +189,16 @@ func TestBadInputIsRefused(t *testing.T) {
 	require.ErrorIs(t, err, retention.ErrBadAge)
 	_, err = retention.Prune(context.Background(), b.db.Pool, b.reg, nil)
 	require.ErrorIs(t, err, retention.ErrBadAge)
+	// Beyond the range of a Postgres timestamp: refused up front, not a
+	// raw SQL error.
+	for _, days := range []int{retention.MaxOlderThanDays + 1, math.MaxInt32 + 1, math.MaxInt} {
+		_, err = retention.Prune(context.Background(), b.db.Pool, b.reg, &retention.Options{OlderThanDays: days, Types: []string{pingType}})
+		require.ErrorIs(t, err, retention.ErrBadAge, days)
+	}
+	res, err := retention.Prune(context.Background(), b.db.Pool, b.reg,
+		&retention.Options{OlderThanDays: retention.MaxOlderThanDays, Types: []string{pingType}, DryRun: true})
+	require.NoError(t, err)
+	require.Zero(t, res.Total)
 	require.Equal(t, 2, b.events(t, pingType))
 }
 
