@@ -1,10 +1,7 @@
 package entrypoint_test
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"io"
 	"net/http"
 	"testing"
 	"time"
@@ -15,24 +12,10 @@ import (
 	"github.com/kumiko-go/kumiko/internal/redistest"
 )
 
-// postKeyed sends a keyed write (Idempotency-Key key) of tenant's user and
-// returns status and body.
+// postKeyed sends a keyed write (Idempotency-Key key) of tenant's user.
 func postKeyed(ctx context.Context, t *testing.T, url, tenant, key string, body any) (int, []byte, error) {
 	t.Helper()
-	b, err := json.Marshal(body)
-	require.NoError(t, err)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(b))
-	require.NoError(t, err)
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", "Bearer "+token(t, tenant))
-	req.Header.Set("Idempotency-Key", key)
-	resp, err := httpClient.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	out, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, out, err
+	return post(ctx, t, url, tenant, body, "Idempotency-Key", key)
 }
 
 // TestKeyedWriteCommittedByAKilledProcessDoesNotRunAgain: an API process

@@ -153,8 +153,9 @@ func (p *proc) waitReady(t *testing.T) {
 	}
 }
 
-// post sends a JSON body with tenant's token and returns status and body.
-func post(ctx context.Context, t *testing.T, url, tenant string, body any) (int, []byte, error) {
+// post sends a JSON body with tenant's token (and the headers given as
+// name, value pairs) and returns status and body.
+func post(ctx context.Context, t *testing.T, url, tenant string, body any, headers ...string) (int, []byte, error) {
 	t.Helper()
 	b, err := json.Marshal(body)
 	require.NoError(t, err)
@@ -162,6 +163,9 @@ func post(ctx context.Context, t *testing.T, url, tenant string, body any) (int,
 	require.NoError(t, err)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer "+token(t, tenant))
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
 	resp, err := httpClient.Do(req)
 	if err != nil {
 		return 0, nil, err

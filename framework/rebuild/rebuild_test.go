@@ -125,6 +125,18 @@ func (b *bundle) count(t *testing.T, tenant, key string, from, k int) {
 	}
 }
 
+// runUntilDead runs passes of the live tally consumer until it is dead.
+func (b *bundle) runUntilDead(t *testing.T, d *dispatcher.Dispatcher) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for b.int(t, `SELECT count(*) FROM event_consumers WHERE name = 'test:tally' AND status = 'dead'`) == 0 {
+		require.True(t, time.Now().Before(deadline), "the live consumer never died")
+		_, err := d.RunOnce(context.Background(), "test:tally")
+		require.NoError(t, err)
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 func (b *bundle) int(t *testing.T, sql string, args ...any) int64 {
 	t.Helper()
 	var n int64
@@ -487,13 +499,7 @@ func TestRebuildRevivesDeadConsumer(t *testing.T) {
 	d := b.live(t, "test:tally")
 	b.failAt.Store(5)
 	b.count(t, "t1", "a", 0, 10)
-	deadline := time.Now().Add(20 * time.Second)
-	for b.int(t, `SELECT count(*) FROM event_consumers WHERE name = 'test:tally' AND status = 'dead'`) == 0 {
-		require.True(t, time.Now().Before(deadline), "the live consumer never died")
-		_, err := d.RunOnce(ctx, "test:tally")
-		require.NoError(t, err)
-		time.Sleep(5 * time.Millisecond)
-	}
+	b.runUntilDead(t, d)
 	b.failAt.Store(-1) // the fix is deployed
 	// The consumer died before it saw the last events: wait until they are
 	// below the horizon, so that the rebuild reaches them all.
@@ -697,13 +703,7 @@ func TestRebuildReplacesDeadLetters(t *testing.T) {
 	d := b.live(t, "test:tally")
 	b.failAt.Store(5)
 	b.count(t, "t1", "a", 0, 10)
-	deadline := time.Now().Add(20 * time.Second)
-	for b.int(t, `SELECT count(*) FROM event_consumers WHERE name = 'test:tally' AND status = 'dead'`) == 0 {
-		require.True(t, time.Now().Before(deadline), "the live consumer never died")
-		_, err := d.RunOnce(ctx, "test:tally")
-		require.NoError(t, err)
-		time.Sleep(5 * time.Millisecond)
-	}
+	b.runUntilDead(t, d)
 	_, err := dispatcher.Skip(ctx, b.db.Pool, "test:tally", dispatcher.SharedInstance)
 	require.NoError(t, err)
 	b.drain(t, d, "test:tally")
