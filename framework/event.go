@@ -31,6 +31,14 @@ type EventOptions struct {
 	// that loses events to a prune can no longer be read for folding
 	// ([eventstore.ErrTruncated]).
 	PubSub bool
+	// Internal keeps the event off the live stream to browsers (GET
+	// /api/sse, its replay included) and out of its filters, while
+	// consumers, projections and jobs get it as usual: every user of a
+	// tenant reads that tenant's stream, so framework plumbing and payloads
+	// that not every user may read (a job's input, such as a reset token)
+	// must not travel on it. jobs:event:dispatched is internal. Defaults
+	// to false.
+	Internal bool
 }
 
 // eventDef is the erased definition behind an EventType handle.
@@ -40,6 +48,7 @@ type eventDef struct {
 	version   int
 	upcasters map[int]Upcaster
 	pubSub    bool
+	internal  bool
 	goType    reflect.Type
 }
 
@@ -63,6 +72,7 @@ func DefineEvent[T any](f *Feature, name string, opts *EventOptions) EventType[T
 		version:   max(opts.Version, 1),
 		upcasters: opts.Upcasters,
 		pubSub:    opts.PubSub,
+		internal:  opts.Internal,
 		goType:    reflect.TypeFor[T](),
 	}
 	if def.version > MaxEventVersion {

@@ -173,6 +173,14 @@ func (r *Registry) HasEvent(qualified string) bool {
 	return ok
 }
 
+// InternalEvent reports whether the event type is declared with
+// [EventOptions].Internal (false for an undeclared one): the live stream to
+// browsers never sends it.
+func (r *Registry) InternalEvent(qualified string) bool {
+	d, ok := r.events[qualified]
+	return ok && d.internal
+}
+
 // Projections returns every registered projection (inline and
 // multi-stream), sorted by name.
 func (r *Registry) Projections() []*Projection {

@@ -293,9 +293,12 @@ func (s *Set) register(f *framework.Feature, name string, trigger Trigger, opts 
 	defer s.mu.Unlock()
 	if !s.declared {
 		// The transactional dispatch event is declared with the first job,
-		// so that registries without jobs stay untouched.
+		// so that registries without jobs stay untouched. It is internal:
+		// its payload is the job's input, which the tenant's SSE stream
+		// must not show to every user.
 		s.declared = true
-		s.dispatched = framework.DefineEvent[Dispatched](s.reg.Feature(dispatchFeature), dispatchEvent, &framework.EventOptions{PubSub: true})
+		s.dispatched = framework.DefineEvent[Dispatched](s.reg.Feature(dispatchFeature), dispatchEvent,
+			&framework.EventOptions{PubSub: true, Internal: true})
 	}
 	if _, dup := s.jobs[j.name]; dup {
 		s.problem("job %s registered twice", j.name)

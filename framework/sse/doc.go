@@ -10,6 +10,9 @@
 // tenant's events. The query parameters `types` (qualified event types) and
 // `streamTypes` (aggregate types), comma-separated or repeated, narrow the
 // stream; an undeclared event type is answered 400 validation_error.
+// Internal event types ([framework.EventOptions].Internal, such as
+// jobs:event:dispatched, which carries a job's input) are never sent, live
+// or replayed, and a filter naming one is answered 400 as well.
 //
 // The response starts with a `retry:` hint and then carries one frame per
 // event:

@@ -86,8 +86,9 @@ func matchAny(list []string, v string) bool {
 
 // ParseFilter reads the filter of an SSE request: the query parameters
 // `types` (event types) and `streamTypes` (stream types), each
-// comma-separated and repeatable. An event type that reg does not declare, a
-// malformed stream type, or more than [MaxFilterValues] values is a
+// comma-separated and repeatable. An event type that reg does not declare or
+// declares internal ([framework.EventOptions].Internal), a malformed stream
+// type, or more than [MaxFilterValues] values is a
 // *framework.ValidationError.
 func ParseFilter(q url.Values, reg *framework.Registry) (Filter, error) {
 	var f Filter
@@ -99,9 +100,13 @@ func ParseFilter(q url.Values, reg *framework.Registry) (Filter, error) {
 			Message: fmt.Sprintf("types names more than %d event types", MaxFilterValues)})
 	} else {
 		for _, t := range f.Types {
-			if !reg.HasEvent(t) {
+			switch {
+			case !reg.HasEvent(t):
 				fields = append(fields, framework.FieldError{Field: "types", Rule: "event_type",
 					Message: fmt.Sprintf("types: %q is not a declared event type", truncate(t))})
+			case reg.InternalEvent(t):
+				fields = append(fields, framework.FieldError{Field: "types", Rule: "event_type",
+					Message: fmt.Sprintf("types: %q is internal and never sent on the stream", truncate(t))})
 			}
 		}
 	}

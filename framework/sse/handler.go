@@ -228,7 +228,7 @@ func (h *Hub) replay(ctx context.Context, tenant string, f Filter, after, upTo e
 				break
 			}
 			after = env.Cursor()
-			if !f.Match(env.Type, env.StreamType) {
+			if !h.streamable(&env) || !f.Match(env.Type, env.StreamType) {
 				continue
 			}
 			frames = append(frames, h.encode(env))

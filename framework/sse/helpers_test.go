@@ -52,9 +52,18 @@ type bundle struct {
 // setup builds the bundle; cfg tunes the hub (nil: defaults).
 func setup(t *testing.T, cfg *sse.Config) *bundle {
 	t.Helper()
+	return setupWith(t, cfg, nil)
+}
+
+// setupWith is setup that lets register declare more on the registry.
+func setupWith(t *testing.T, cfg *sse.Config, register func(reg *framework.Registry)) *bundle {
+	t.Helper()
 	b := &bundle{db: kumikotest.NewDB(t), reg: framework.NewRegistry(), metrics: prometheus.NewRegistry()}
 	orders.Register(b.reg)
 	b.noted = framework.DefineEvent[Noted](b.reg.Feature("sse-test"), "noted", nil)
+	if register != nil {
+		register(b.reg)
+	}
 	require.NoError(t, b.reg.Build())
 	var err error
 	b.rt, err = framework.NewRuntime(b.reg, b.db.Pool, nil)

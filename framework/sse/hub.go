@@ -402,7 +402,7 @@ func (h *Hub) deliverLocked(batch []framework.Envelope, sc *fanScratch) {
 			sc.add = sc.add[:0]
 			for _, i := range idx {
 				env := &batch[i]
-				if !s.filter.Match(env.Type, env.StreamType) {
+				if !h.streamable(env) || !s.filter.Match(env.Type, env.StreamType) {
 					continue
 				}
 				if sc.frames[i] == nil {
@@ -524,6 +524,12 @@ type Stream struct {
 	Type string `json:"type"`
 	// ID is the aggregate's id.
 	ID string `json:"id"`
+}
+
+// streamable reports whether env may be sent to clients at all: internal
+// event types ([framework.EventOptions].Internal) never are.
+func (h *Hub) streamable(env *framework.Envelope) bool {
+	return !h.reg.InternalEvent(env.Type)
 }
 
 // encode renders env as one SSE frame: id, event and one data line.
