@@ -393,7 +393,7 @@ func (h *Hub) deliverLocked(batch []framework.Envelope, sc *fanScratch) {
 	sc.frames = append(sc.frames[:0], make([]*frame, len(batch))...)
 	for i := range batch {
 		t := batch[i].TenantID
-		if len(h.tenants[t]) > 0 {
+		if len(h.tenants[t]) > 0 && h.streamable(&batch[i]) {
 			sc.byTenant[t] = append(sc.byTenant[t], i)
 		}
 	}
@@ -402,7 +402,7 @@ func (h *Hub) deliverLocked(batch []framework.Envelope, sc *fanScratch) {
 			sc.add = sc.add[:0]
 			for _, i := range idx {
 				env := &batch[i]
-				if !h.streamable(env) || !s.filter.Match(env.Type, env.StreamType) {
+				if !s.filter.Match(env.Type, env.StreamType) {
 					continue
 				}
 				if sc.frames[i] == nil {
