@@ -194,35 +194,44 @@ func (k *Keyring) Mint(p Principal, ttl time.Duration) (string, error) {
 // strings, tenantId must not be [ReservedTenantID], and roles, when present,
 // must be an array of strings. Every failure wraps [ErrUnauthorized].
 func (k *Keyring) Verify(token string) (Principal, error) {
+	p, _, err := k.VerifyUntil(token)
+	return p, err
+}
+
+// VerifyUntil is [Keyring.Verify] that also returns the instant the token
+// stops verifying (its exp plus the leeway), so that a long-lived
+// connection it opened (an SSE stream) can end then.
+func (k *Keyring) VerifyUntil(token string) (Principal, time.Time, error) {
 	if token == "" {
-		return Principal{}, fmt.Errorf("%w: missing token", ErrUnauthorized)
+		return Principal{}, time.Time{}, fmt.Errorf("%w: missing token", ErrUnauthorized)
 	}
 	if v, ok := k.verified.Get(token); ok {
 		if k.now().Before(v.notAfter) {
-			return v.p.clone(), nil
+			return v.p.clone(), v.notAfter, nil
 		}
 		k.verified.Remove(token)
 	}
 	var c claims
 	if _, err := k.parser.ParseWithClaims(token, &c, k.key); err != nil {
 		// Not %w: the jwt library's errors are not part of this API.
-		return Principal{}, fmt.Errorf("%w: %s", ErrUnauthorized, err.Error())
+		return Principal{}, time.Time{}, fmt.Errorf("%w: %s", ErrUnauthorized, err.Error())
 	}
 	switch {
 	case c.Subject == "":
-		return Principal{}, fmt.Errorf("%w: missing sub", ErrUnauthorized)
+		return Principal{}, time.Time{}, fmt.Errorf("%w: missing sub", ErrUnauthorized)
 	case c.TenantID == "":
-		return Principal{}, fmt.Errorf("%w: missing tenantId", ErrUnauthorized)
+		return Principal{}, time.Time{}, fmt.Errorf("%w: missing tenantId", ErrUnauthorized)
 	case c.TenantID == ReservedTenantID:
-		return Principal{}, fmt.Errorf("%w: tenant %q is reserved", ErrUnauthorized, ReservedTenantID)
+		return Principal{}, time.Time{}, fmt.Errorf("%w: tenant %q is reserved", ErrUnauthorized, ReservedTenantID)
 	}
 	p := Principal{UserID: c.Subject, TenantID: c.TenantID}
 	if len(c.Roles) > 0 {
 		p.Roles = c.Roles
 	}
 	// WithExpirationRequired: exp is present.
-	k.verified.Add(token, verifiedToken{p: p.clone(), notAfter: c.ExpiresAt.Add(leeway)})
-	return p, nil
+	notAfter := c.ExpiresAt.Add(leeway)
+	k.verified.Add(token, verifiedToken{p: p.clone(), notAfter: notAfter})
+	return p, notAfter, nil
 }
 
 // clone returns p with its own copy of the roles, so that a caller changing

@@ -40,7 +40,9 @@ func (h *Hub) Mount(s *web.Server) {
 // ([web.PrincipalFrom]); the tenant comes from the token only. It answers
 // 400 for a bad filter or a malformed or foreign Last-Event-ID, 503 while the
 // hub is not primed or after Close, and otherwise streams until the client
-// goes away, the hub drops it, or the hub closes.
+// goes away, the hub drops it, the hub closes, or the token expires
+// ([web.TokenExpiry]: the stream ends normally and the client reconnects,
+// with a fresh token or to a 401).
 func (h *Hub) Serve(c echo.Context) error {
 	p, ok := web.PrincipalFrom(c)
 	if !ok || p.TenantID == "" {
@@ -88,6 +90,7 @@ func (h *Hub) Serve(c echo.Context) error {
 	hd.Set(echo.HeaderConnection, "close")
 	w.WriteHeader(http.StatusOK)
 	st := &stream{h: h, sub: sub, w: w, rc: rc, last: after}
+	st.expires, _ = web.TokenExpiry(c)
 	st.run(ctx, c, p.TenantID, filter, resume)
 	select {
 	case <-sub.gone: // dropped: the deadline already cuts the connection
@@ -257,6 +260,8 @@ type stream struct {
 	w    *echo.Response
 	rc   *http.ResponseController
 	last eventstore.Cursor
+	// expires is when the stream's token stops verifying; zero: never.
+	expires time.Time
 }
 
 // write sends the parts and flushes, bounded by WriteTimeout. The parts go
@@ -310,16 +315,24 @@ func (s *stream) begin() error {
 	return nil
 }
 
-// live streams the hub's frames until the client goes away, is dropped, or
-// the hub closes. Frames at or before the last one sent (already replayed)
-// are skipped.
+// live streams the hub's frames until the client goes away, is dropped,
+// the hub closes, or the token expires. Frames at or before the last one
+// sent (already replayed) are skipped.
 func (s *stream) live(ctx context.Context) {
 	hb := time.NewTicker(s.h.cfg.Heartbeat)
 	defer hb.Stop()
+	var expired <-chan time.Time
+	if !s.expires.IsZero() {
+		t := time.NewTimer(time.Until(s.expires))
+		defer t.Stop()
+		expired = t.C
+	}
 	var spare []*frame
 	for {
 		select {
 		case <-ctx.Done():
+			return
+		case <-expired:
 			return
 		case <-s.h.done:
 			return

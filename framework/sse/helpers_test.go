@@ -164,6 +164,7 @@ type request struct {
 	query   string
 	lastID  string // sent as Last-Event-ID
 	queryID string // sent as ?lastEventId=
+	token   string // sent instead of a fresh token of tenant
 }
 
 func (b *bundle) newRequest(t *testing.T, ctx context.Context, r request) *http.Request {
@@ -174,7 +175,10 @@ func (b *bundle) newRequest(t *testing.T, ctx context.Context, r request) *http.
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	require.NoError(t, err)
-	if r.tenant != "" {
+	switch {
+	case r.token != "":
+		req.Header.Set("Authorization", "Bearer "+r.token)
+	case r.tenant != "":
 		req.Header.Set("Authorization", "Bearer "+b.token(t, r.tenant))
 	}
 	if r.lastID != "" {

@@ -4,6 +4,7 @@ import (
 	"mime"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/labstack/echo/v4"
 
@@ -29,7 +30,7 @@ func (s *Server) Authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 			return &framework.Error{Code: framework.CodeUnauthorized,
 				Message: "missing token: send Authorization: Bearer <token> or the " + auth.CookieName + " cookie"}
 		}
-		p, err := s.keys.Verify(tok)
+		p, until, err := s.keys.VerifyUntil(tok)
 		if err != nil {
 			c.Response().Header().Set(echo.HeaderWWWAuthenticate, `Bearer error="invalid_token"`)
 			return &framework.Error{Code: framework.CodeUnauthorized, Message: "invalid or expired token", Err: err}
@@ -39,8 +40,18 @@ func (s *Server) Authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 				Message: "a request authenticated by the " + auth.CookieName + " cookie must send Content-Type: application/json"}
 		}
 		c.Set(keyPrincipal, p)
+		c.Set(keyTokenExpiry, until)
 		return next(c)
 	}
+}
+
+// TokenExpiry returns the instant the request's token stops verifying (its
+// exp plus the verifier's leeway), and false on a route [Server.Authenticate]
+// does not protect. A long-lived response (an SSE stream) ends then, so
+// that it lives no longer than its credentials.
+func TokenExpiry(c echo.Context) (time.Time, bool) {
+	t, ok := c.Get(keyTokenExpiry).(time.Time)
+	return t, ok
 }
 
 // PrincipalFrom returns the caller [Server.Authenticate] stored, and false

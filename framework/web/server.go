@@ -39,6 +39,7 @@ const (
 	keyRequestID     = "kumiko.web.request_id"
 	keyCorrelationID = "kumiko.web.correlation_id"
 	keyPrincipal     = "kumiko.web.principal"
+	keyTokenExpiry   = "kumiko.web.token_expiry"
 )
 
 // Config tunes [New]. A nil *Config means the defaults.
