@@ -476,3 +476,23 @@ func TestVerifiedTokensRemembered(t *testing.T) {
 	requireUnauthorized(t, kr, tok)
 	requireUnauthorized(t, kr, tok)
 }
+
+func TestVerifyUntil(t *testing.T) {
+	t.Parallel()
+	kr := newKeyring(t, auth.Key{ID: "k1", Secret: secret1})
+	exp := time.Now().Add(time.Hour).Truncate(time.Second)
+	c := validClaims()
+	c["exp"] = exp.Unix()
+	tok := sign(t, jwt.SigningMethodHS256, secret1, "k1", c)
+	// Verified afresh, then from the keyring's memory: the same instant,
+	// exp plus the 30 s leeway.
+	for range 2 {
+		p, until, err := kr.VerifyUntil(tok)
+		require.NoError(t, err)
+		require.Equal(t, "user-1", p.UserID)
+		require.True(t, exp.Add(30*time.Second).Equal(until), "until %v", until)
+	}
+	_, until, err := kr.VerifyUntil("not-a-token")
+	require.ErrorIs(t, err, auth.ErrUnauthorized)
+	require.Zero(t, until)
+}
