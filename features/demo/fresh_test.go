@@ -1,0 +1,82 @@
+package demo_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"syscall"
+	"testing"
+
+	"github.com/chromedp/chromedp"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kumiko-go/kumiko/entrypoint"
+	"github.com/kumiko-go/kumiko/features"
+	"github.com/kumiko-go/kumiko/framework"
+	"github.com/kumiko-go/kumiko/framework/jobs/jobstest"
+	"github.com/kumiko-go/kumiko/framework/kumikotest"
+)
+
+// TestDemoPageCatchesUpWithoutEventID: a page whose stream has not carried
+// an event yet has no id to resume from; after a server restart it still
+// shows the orders written while the server was down.
+func TestDemoPageCatchesUpWithoutEventID(t *testing.T) {
+	t.Parallel()
+	if _, err := os.Stat(chromium); err != nil {
+		t.Fatalf("chromium is required for the browser test: %v", err)
+	}
+	db := kumikotest.NewDB(t)
+	rds := jobstest.StartRedis(t)
+	srv := newServer(t, db.URL, rds.URL)
+	srv.start()
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chromium),
+		chromedp.Flag("headless", true),
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.NoFirstRun,
+	)
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancelAlloc()
+	browser, cancelBrowser := chromedp.NewContext(allocCtx)
+	defer cancelBrowser()
+	require.NoError(t, chromedp.Do(browser))
+	ctx, cancel := context.WithTimeout(browser, 3*wait)
+	defer cancel()
+
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Navigate(srv.url()+"/"),
+		chromedp.WaitVisible(chromedp.CSS(`#status.live`)),
+	))
+	srv.stop(syscall.SIGTERM)
+	require.NoError(t, chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(`#status.down`))))
+	reg := framework.NewRegistry()
+	features.Register(reg)
+	require.NoError(t, reg.Build())
+	rt, err := framework.NewRuntime(reg, db.Pool, nil)
+	require.NoError(t, err)
+	for _, c := range []string{"Offline Carol", "Offline Dan"} {
+		_, err := rt.Write(context.Background(), framework.Call{Principal: framework.Principal{UserID: "other", TenantID: entrypoint.DevTenant}},
+			[]framework.Command{{Type: "orders:write:place", Payload: []byte(fmt.Sprintf(`{"customer":%q,"amountCents":500}`, c))}})
+		require.NoError(t, err)
+	}
+	srv.start()
+	require.NoError(t, chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(`#status.live`))))
+	waitCtx, cancelWait := context.WithTimeout(ctx, wait/2)
+	defer cancelWait()
+	require.NoError(t, chromedp.Do(waitCtx,
+		chromedp.WaitVisible(row("Offline Carol")),
+		chromedp.WaitVisible(row("Offline Dan")),
+	), "the orders written while the server was down")
+
+	// Live afterwards, each order once.
+	placeViaAPI(t, srv, "After Erin")
+	require.NoError(t, chromedp.Do(ctx, chromedp.WaitVisible(row("After Erin"))))
+	rows, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll('#orders tbody tr').length`))
+	require.NoError(t, err)
+	require.Equal(t, 3, rows)
+}
