@@ -1,0 +1,76 @@
+package demo_test
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/golang-jwt/jwt/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kumiko-go/kumiko/config"
+	"github.com/kumiko-go/kumiko/framework/jobs/jobstest"
+	"github.com/kumiko-go/kumiko/framework/kumikotest"
+)
+
+// TestDemoPageAsksForTokenAfterExpiry: the stream ends when its token
+// expires; the page then asks for a new token instead of retrying forever.
+func TestDemoPageAsksForTokenAfterExpiry(t *testing.T) {
+	t.Parallel()
+	if _, err := os.Stat(chromium); err != nil {
+		t.Fatalf("chromium is required for the browser test: %v", err)
+	}
+	db := kumikotest.NewDB(t)
+	rds := jobstest.StartRedis(t)
+	srv := newServer(t, db.URL, rds.URL)
+	delete(srv.env, "KUMIKO_DEV")
+	srv.start()
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chromium),
+		chromedp.Flag("headless", true),
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.NoFirstRun,
+	)
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancelAlloc()
+	browser, cancelBrowser := chromedp.NewContext(allocCtx)
+	defer cancelBrowser()
+	require.NoError(t, chromedp.Do(browser))
+	ctx, cancel := context.WithTimeout(browser, 3*wait)
+	defer cancel()
+
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Navigate(srv.url()+"/"),
+		chromedp.WaitVisible(chromedp.CSS(`#login`)),
+	))
+	// Past its exp, but within the verifier's 30 s leeway for a few seconds.
+	keys, err := config.ParseJWTKeys(jwtSecret)
+	require.NoError(t, err)
+	claims := jwt.MapClaims{"sub": "alice", "tenantId": "acme", "roles": []string{},
+		"iat": time.Now().Add(-time.Hour).Unix(), "exp": time.Now().Add(-25 * time.Second).Unix()}
+	tok := jwt.NewWithClaims(jwt.SigningMethodHS256, claims)
+	if keys[0].ID != "" {
+		tok.Header["kid"] = keys[0].ID
+	}
+	signed, err := tok.SignedString(keys[0].Secret)
+	require.NoError(t, err)
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.SendKeys(chromedp.CSS(`#token`), signed),
+		chromedp.Click(chromedp.CSS(`#use-token`)),
+		chromedp.WaitVisible(chromedp.CSS(`#status.live`)),
+		chromedp.WaitNotVisible(chromedp.CSS(`#login`)),
+	))
+	waitCtx, cancelWait := context.WithTimeout(ctx, wait/2)
+	defer cancelWait()
+	require.NoError(t, chromedp.Do(waitCtx,
+		chromedp.WaitVisible(chromedp.CSS(`#login`)),
+		chromedp.WaitVisible(chromedp.CSS(`#status.down`)),
+	), "the page asks for a token once its own has expired")
+}
