@@ -59,16 +59,32 @@ func newProvider(pool *pgxpool.Pool, fsys fs.FS, logger *slog.Logger, locked boo
 // Up applies every pending migration of fsys (nil means Kumiko's embedded
 // migrations) and returns how many ran. logger may be nil.
 func Up(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS, logger *slog.Logger) (int, error) {
+	applied, err := Apply(ctx, pool, fsys, logger)
+	return len(applied), err
+}
+
+// Apply is [Up] that returns the migrations it applied, in order (none
+// when nothing was pending). On failure it returns those applied before
+// the failing one together with the error. logger may be nil.
+func Apply(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS, logger *slog.Logger) ([]Status, error) {
 	p, closeDB, err := newProvider(pool, fsys, logger, true)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	defer closeDB()
 	res, err := p.Up(ctx)
-	if err != nil {
-		return len(res), fmt.Errorf("migrate: up: %w", err)
+	var pe *goose.PartialError
+	if errors.As(err, &pe) {
+		res = pe.Applied
 	}
-	return len(res), nil
+	out := make([]Status, 0, len(res))
+	for _, r := range res {
+		out = append(out, Status{Version: r.Source.Version, Name: r.Source.Path, Applied: true})
+	}
+	if err != nil {
+		return out, fmt.Errorf("migrate: up: %w", err)
+	}
+	return out, nil
 }
 
 // List reports the state of every migration of fsys (nil means Kumiko's
