@@ -17,6 +17,31 @@
 // or event, 409 conflict when the consumer's state refuses the verb (with
 // details name, instance, verb, status, want), 400 for bad input.
 //
+// # Maintenance
+//
+// [MountMaintenance] adds, with the same authentication and role, the
+// other verbs of the CLI: `kumiko migrate [status]`, `kumiko events prune`
+// and `kumiko projection rebuild` (packages migrate, retention and
+// rebuild), with the CLI's refusal messages:
+//
+//	curl -s -H "Authorization: Bearer $TOKEN" localhost:8080/api/admin/migrations
+//	curl -s -X POST -H "Authorization: Bearer $TOKEN" localhost:8080/api/admin/migrations/up
+//	curl -s -X POST -H "Authorization: Bearer $TOKEN" -d '{"olderThanDays": 30, "dryRun": true}' \
+//	  localhost:8080/api/admin/events/prune
+//	curl -s -X POST -H "Authorization: Bearer $TOKEN" -d '{"batchSize": 1000}' \
+//	  localhost:8080/api/admin/projections/orders:order-totals/rebuild
+//
+// A prune with bad input (olderThanDays missing or below 1, an undeclared
+// type, a types list naming none, an unknown field) is a 400 and deletes
+// nothing; the consumer check's refusal is a 409 with details reason
+// "consumers_behind" and the lagging consumers, another prune running a
+// 409 with reason "prune_running". A rebuild of an unknown projection is a
+// 404, of one that cannot be rebuilt a 409 with reason "not_rebuildable",
+// while another rebuild of it runs a 409 with reason "rebuild_running". A
+// rebuild runs in the request; {"abandon": true} only removes the leftover
+// of an interrupted one. A client that disconnects cancels the rebuild,
+// which then removes what it built.
+//
 // # Page
 //
 // GET /admin is a static page (embedded, no build step) that polls the
