@@ -6,11 +6,14 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kumiko-go/kumiko/framework/kumikotest"
 	"github.com/kumiko-go/kumiko/framework/migrate"
+	"github.com/kumiko-go/kumiko/migrations"
 )
 
 // Reading the migrations' state does not wait for the lock a running
@@ -45,4 +48,32 @@ func TestCheckDoesNotWaitForARunningMigration(t *testing.T) {
 	for range 4 {
 		require.NoError(t, <-done, "overlapping checks")
 	}
+}
+
+// Apply answers the migrations it applied, and none when nothing is
+// pending; Up counts them.
+func TestApplyAnswersWhatItApplied(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := kumikotest.NewDB(t)
+	sts, err := migrate.List(ctx, db.Pool, nil)
+	require.NoError(t, err)
+	newest := sts[len(sts)-1]
+
+	sqlDB := stdlib.OpenDBFromPool(db.Pool)
+	defer sqlDB.Close()
+	p, err := goose.NewProvider(goose.DialectPostgres, sqlDB, migrations.FS)
+	require.NoError(t, err)
+	_, err = p.Down(ctx)
+	require.NoError(t, err)
+
+	applied, err := migrate.Apply(ctx, db.Pool, nil, nil)
+	require.NoError(t, err)
+	require.Equal(t, []migrate.Status{newest}, applied)
+	applied, err = migrate.Apply(ctx, db.Pool, nil, nil)
+	require.NoError(t, err)
+	require.Empty(t, applied)
+	n, err := migrate.Up(ctx, db.Pool, nil, nil)
+	require.NoError(t, err)
+	require.Zero(t, n)
 }
