@@ -215,8 +215,8 @@ func New(ctx context.Context, opts Options) (_ *App, err error) {
 		a.web.SetIdempotency(a.idempotency()) // entrypoint/reads.go
 		a.mountHealth(a.web.Echo())
 		a.hub.Mount(a.web)
-		admin.Mount(a.web.Echo(), a.web.Authenticate, a.pool)                   // consumer ops API + /admin page (framework/admin)
-		admin.MountMaintenance(a.web.Echo(), a.web.Authenticate, a.pool, a.reg) // migrate, prune, rebuild
+		admin.Mount(a.web.Echo(), a.web.Authenticate, a.pool)                                 // consumer ops API + /admin page (framework/admin)
+		admin.MountMaintenance(a.web.Echo(), a.web.Authenticate, a.pool, a.reg, a.migrations) // migrate, prune, rebuild
 		if a.mode == config.ModeAllInOne && cfg.Dev {
 			a.mountDevToken(a.web.Echo(), ring)
 		}

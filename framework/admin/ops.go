@@ -3,6 +3,7 @@ package admin
 import (
 	"encoding/json"
 	"errors"
+	"io/fs"
 	"strings"
 	"time"
 
@@ -32,12 +33,13 @@ import (
 //     away cancels it, and the rebuild removes what it built.
 //
 // reg is the application's built registry (the event types a prune may
-// name, the projections a rebuild may replay).
-func MountMaintenance(e *echo.Echo, authenticate echo.MiddlewareFunc, pool *pgxpool.Pool, reg *framework.Registry) {
+// name, the projections a rebuild may replay); migrations is its migration
+// set (nil: Kumiko's embedded migrations), as given to the process.
+func MountMaintenance(e *echo.Echo, authenticate echo.MiddlewareFunc, pool *pgxpool.Pool, reg *framework.Registry, migrations fs.FS) {
 	if e == nil || authenticate == nil || pool == nil || reg == nil {
 		panic("kumiko: admin.MountMaintenance: nil echo, authenticate, pool or registry")
 	}
-	h := &maintenance{pool: pool, reg: reg}
+	h := &maintenance{pool: pool, reg: reg, fsys: migrations}
 	mw := []echo.MiddlewareFunc{authenticate, requireAdmin}
 	e.GET("/api/admin/migrations", h.migrations, mw...)
 	e.POST("/api/admin/migrations/up", h.migrateUp, mw...)
@@ -48,6 +50,7 @@ func MountMaintenance(e *echo.Echo, authenticate echo.MiddlewareFunc, pool *pgxp
 type maintenance struct {
 	pool *pgxpool.Pool
 	reg  *framework.Registry
+	fsys fs.FS // the migrations
 }
 
 // migrationJSON is one migration's state, as `kumiko migrate status`
@@ -71,7 +74,7 @@ func migrationsJSON(sts []migrate.Status) []migrationJSON {
 }
 
 func (h *maintenance) migrations(c echo.Context) error {
-	sts, err := migrate.List(c.Request().Context(), h.pool, nil)
+	sts, err := migrate.List(c.Request().Context(), h.pool, h.fsys)
 	if err != nil {
 		return web.WriteError(c, err)
 	}
@@ -88,7 +91,7 @@ func (h *maintenance) migrateUp(c echo.Context) error {
 	if _, err := decodeBody(c, &struct{}{}); err != nil {
 		return web.WriteError(c, err)
 	}
-	applied, err := migrate.Apply(c.Request().Context(), h.pool, nil, nil)
+	applied, err := migrate.Apply(c.Request().Context(), h.pool, h.fsys, nil)
 	if err != nil {
 		return web.WriteError(c, err)
 	}

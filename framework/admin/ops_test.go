@@ -68,7 +68,7 @@ func setupOps(t *testing.T) *opsBundle {
 	require.NoError(t, err)
 	b.keys = newKeyring(t)
 	s := web.New(b.rt, b.keys, nil)
-	admin.MountMaintenance(s.Echo(), s.Authenticate, b.db.Pool, b.reg)
+	admin.MountMaintenance(s.Echo(), s.Authenticate, b.db.Pool, b.reg, nil)
 	srv := httptest.NewServer(s.Handler())
 	t.Cleanup(srv.Close)
 	b.url, b.client = srv.URL, srv.Client()
