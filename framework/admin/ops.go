@@ -3,6 +3,7 @@ package admin
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"strings"
 	"time"
@@ -139,8 +140,9 @@ func (h *maintenance) prune(c echo.Context) error {
 	if body.OlderThanDays == nil {
 		return web.WriteError(c, invalid("olderThanDays", "required", "olderThanDays is required"))
 	}
-	if *body.OlderThanDays < 1 {
-		return web.WriteError(c, invalid("olderThanDays", "min", "olderThanDays must be at least 1"))
+	if *body.OlderThanDays < 1 || *body.OlderThanDays > retention.MaxOlderThanDays {
+		return web.WriteError(c, invalid("olderThanDays", "range",
+			fmt.Sprintf("olderThanDays must be between 1 and %d", retention.MaxOlderThanDays)))
 	}
 	var names []string
 	if body.Types != nil {

@@ -189,9 +189,11 @@ func testEventsPrune(t *testing.T, bin string) {
 	out, code := f.run(t, "events", "prune")
 	require.Equal(t, 1, code, out)
 	require.Contains(t, out, "--older-than-days is required")
-	out, code = f.run(t, "events", "prune", "--older-than-days", "0")
-	require.Equal(t, 1, code, out)
-	require.Contains(t, out, "at least 1")
+	for _, days := range []string{"0", "1000001"} {
+		out, code = f.run(t, "events", "prune", "--older-than-days", days)
+		require.Equal(t, 1, code, out)
+		require.Contains(t, out, "must be between 1 and 1000000")
+	}
 	out, code = f.run(t, "events", "prune", "--older-than-days", "30", "--types", "orders:event:placed,orders:event:nope")
 	require.Equal(t, 1, code, out)
 	require.Contains(t, out, "unknown event type: orders:event:nope")
