@@ -208,13 +208,20 @@ type Response struct {
 // claimScript: KEYS[1] record; ARGV owner, fingerprint, lease ms, ttl ms.
 // A claim run twice by its owner (go-redis retries a command whose answer
 // was late) answers claimed both times. A reclaim answers the previous
-// owner and how long before (ms, on Redis's clock) it claimed the key.
+// owner and how long before (ms, on Redis's clock) the key's first owner
+// claimed it: 'since' is set by the fresh claim only, because every owner
+// since then (not only the last) may have committed the write.
 var claimScript = redisauto.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local r = redis.call('HMGET', KEYS[1], 'state', 'owner', 'fp', 'lease')
-if not r[1] or (r[1] == 'pending' and r[2] == ARGV[1]) then
+if not r[1] then
   redis.call('HSET', KEYS[1], 'state', 'pending', 'owner', ARGV[1], 'fp', ARGV[2], 'lease', now + tonumber(ARGV[3]), 'since', now)
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+  return {'claimed'}
+end
+if r[1] == 'pending' and r[2] == ARGV[1] then
+  redis.call('HSET', KEYS[1], 'fp', ARGV[2], 'lease', now + tonumber(ARGV[3]))
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
   return {'claimed'}
 end
@@ -226,7 +233,7 @@ end
 local lease = tonumber(r[4]) or 0
 if lease <= now then
   local since = tonumber(redis.call('HGET', KEYS[1], 'since'))
-  redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'lease', now + tonumber(ARGV[3]), 'since', now)
+  redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'lease', now + tonumber(ARGV[3]))
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
   return {'reclaimed', r[2], since and tostring(now - since) or ''}
 end
@@ -389,8 +396,8 @@ type Claim struct {
 	key      string
 	owner    string
 	previous string
-	// previousAge is how long before this claim the previous owner claimed
-	// the key (0: unknown, or no previous owner).
+	// previousAge is how long before this claim the key's first owner
+	// claimed it (0: unknown, or no previous owner).
 	previousAge time.Duration
 	// mu guards timer and stopped: a stopped claim is not renewed again. A
 	// renewal already on its way to Redis is not waited for: the script
@@ -416,11 +423,12 @@ func (c *Claim) Owner() string { return c.owner }
 // ("" for a fresh claim).
 func (c *Claim) PreviousOwner() string { return c.previous }
 
-// PreviousSince returns how long before this claim the previous owner
-// claimed the key (measured on Redis's clock, so the other servers' clock
+// PreviousSince returns how long before this claim the key's first owner
+// claimed it (measured on Redis's clock, so the other servers' clock
 // offsets do not matter), or 0 when there was no previous owner or its
 // claim did not record the time (a key claimed by an older version). What
-// the previous owner did with the key happened within it.
+// any previous owner did with the key (the first, or one that took it over
+// and died too) happened within it.
 func (c *Claim) PreviousSince() time.Duration { return c.previousAge }
 
 // renew extends the lease and schedules the next renewal (a timer, not a

@@ -560,3 +560,30 @@ func TestQueuedResponseKeepsItsLease(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "queued", string(replay.Body))
 }
+
+// TestReclaimOfAReclaimedKeyCoversTheFirstOwner: owner A claims and dies,
+// B takes the key over and dies too before finishing; C's PreviousSince
+// must reach back to A's claim, since A (not only B) may have committed
+// the write, and the dead-owner check searches only that span.
+func TestReclaimOfAReclaimedKeyCoversTheFirstOwner(t *testing.T) {
+	t.Parallel()
+	const lease = 300 * time.Millisecond
+	s, _ := newStore(t, redistest.Shared(t), idempotency.Config{Lease: lease})
+	ctx := t.Context()
+	first := time.Now()
+	a, _, err := s.Begin(ctx, scope("twice-dead"), "fp")
+	require.NoError(t, err)
+	a.Abandon()
+	b, _, err := s.Begin(ctx, scope("twice-dead"), "fp")
+	require.NoError(t, err)
+	require.NotNil(t, b)
+	require.Equal(t, a.Owner(), b.PreviousOwner())
+	b.Abandon()
+	c, _, err := s.Begin(ctx, scope("twice-dead"), "fp")
+	require.NoError(t, err)
+	require.NotNil(t, c)
+	require.Equal(t, b.Owner(), c.PreviousOwner())
+	require.GreaterOrEqual(t, c.PreviousSince(), 2*lease-50*time.Millisecond, "the span reaches back to A's claim")
+	require.LessOrEqual(t, c.PreviousSince(), time.Since(first)+50*time.Millisecond)
+	require.NoError(t, c.Finish(ctx, response("third")))
+}

@@ -152,7 +152,7 @@ const (
 func (s *Server) unlessCommitted(c echo.Context, next echo.HandlerFunc, claim *idempotency.Claim, p framework.Principal, key string) (echo.HandlerFunc, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), committedCheckTimeout)
 	defer cancel()
-	// The dead owner committed, if at all, after it claimed the key: the
+	// A dead owner committed, if at all, after the first owner claimed the key: the
 	// events of that span (plus a margin for the time between Redis's
 	// clock reading and Postgres's) are all to look at, not a TTL's worth.
 	window := s.idem.TTL()
