@@ -112,11 +112,13 @@ var ErrTruncated = errors.New("eventstore: the stream misses events (pruned?); i
 // events: the head, or the asOf version, or the version before the first
 // event created after the asOf time, whichever is lowest. A stream that
 // exists yields at least one row (position 0 when none of its events is
-// left); one that does not exist yields none.
+// left); one that does not exist yields none. The CASE keeps a read
+// without a time from running the time's subquery (LEAST evaluates all its
+// arguments, also in the generic plan of the prepared statement).
 const readStream = `WITH h AS (
   SELECT LEAST(s.version, CASE WHEN $4::bigint > 0 THEN $4 END,
-    (SELECT min(version) - 1 FROM events
-      WHERE tenant_id = $1 AND stream_type = $2 AND stream_id = $3 AND created_at > $5::timestamptz)) AS last
+    CASE WHEN $5::timestamptz IS NOT NULL THEN (SELECT min(version) - 1 FROM events
+      WHERE tenant_id = $1 AND stream_type = $2 AND stream_id = $3 AND created_at > $5) END) AS last
   FROM streams s WHERE s.tenant_id = $1 AND s.stream_type = $2 AND s.stream_id = $3
 )
 SELECT h.last, coalesce(e.position, 0), coalesce(e.commit_key, '0'), coalesce(e.tenant_id, ''),
