@@ -28,3 +28,29 @@ func TestClaimRunTwiceByItsOwnerIsClaimed(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "pending", res[0], "another owner still waits")
 }
+
+// A reclaim run twice by its new owner (its first answer lost) answers
+// reclaimed, with the dead owner and the span, both times: a plain claimed
+// would let the caller skip its check for the dead owner's writes.
+func TestReclaimRunTwiceByItsOwnerIsReclaimed(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	s, err := New(rdb, &Config{Prefix: "kumiko-test:idem:" + newOwner()[:12]})
+	require.NoError(t, err)
+	key := s.redisKey(Scope{TenantID: "acme", UserID: "alice", Key: "reclaim-twice"})
+	t.Cleanup(func() { _ = rdb.Del(t.Context(), key).Err() })
+	dead, owner := newOwner(), newOwner()
+	claim := func(o string) []any {
+		res, err := s.cmd.Run(t.Context(), claimScript, []string{key}, o, "fp", s.lease.Milliseconds(), s.ttl.Milliseconds()).Slice()
+		require.NoError(t, err)
+		return res
+	}
+	require.Equal(t, "claimed", claim(dead)[0])
+	require.NoError(t, rdb.HSet(t.Context(), key, "lease", 0).Err()) // its lease ran out
+	for range 2 {
+		res := claim(owner)
+		require.Equal(t, "reclaimed", res[0])
+		require.Equal(t, dead, res[1])
+		require.NotEmpty(t, res[2], "the span since the first claim")
+	}
+}

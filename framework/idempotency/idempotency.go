@@ -207,7 +207,9 @@ type Response struct {
 
 // claimScript: KEYS[1] record; ARGV owner, fingerprint, lease ms, ttl ms.
 // A claim run twice by its owner (go-redis retries a command whose answer
-// was late) answers claimed both times. A reclaim answers the previous
+// was late) answers the same both times: claimed, or reclaimed with the
+// previous owner (kept as 'prev'), so that a lost answer to a reclaim does
+// not skip the caller's check for the dead owner's writes. A reclaim answers the previous
 // owner and how long before (ms, on Redis's clock) the key's first owner
 // claimed it: 'since' is set by the fresh claim only, because every owner
 // since then (not only the last) may have committed the write.
@@ -223,6 +225,10 @@ end
 if r[1] == 'pending' and r[2] == ARGV[1] then
   redis.call('HSET', KEYS[1], 'fp', ARGV[2], 'lease', now + tonumber(ARGV[3]))
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
+  local p = redis.call('HMGET', KEYS[1], 'prev', 'since')
+  if p[1] then
+    return {'reclaimed', p[1], p[2] and tostring(now - tonumber(p[2])) or ''}
+  end
   return {'claimed'}
 end
 if r[3] ~= ARGV[2] then return {'mismatch'} end
@@ -233,7 +239,7 @@ end
 local lease = tonumber(r[4]) or 0
 if lease <= now then
   local since = tonumber(redis.call('HGET', KEYS[1], 'since'))
-  redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'lease', now + tonumber(ARGV[3]))
+  redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'lease', now + tonumber(ARGV[3]), 'prev', r[2])
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
   return {'reclaimed', r[2], since and tostring(now - since) or ''}
 end
