@@ -248,42 +248,41 @@ func pathParam(c echo.Context, name string) (string, error) {
 // options.
 func readBody(c echo.Context) (*opsBody, error) {
 	var b opsBody
-	if _, err := decodeBody(c, &b); err != nil {
+	if err := decodeBody(c, &b); err != nil {
 		return nil, err
 	}
 	return &b, nil
 }
 
 // decodeBody decodes the request's JSON object body into v, refusing
-// unknown fields and trailing data; an empty body leaves v unchanged and
-// reports false.
-func decodeBody(c echo.Context, v any) (bool, error) {
+// unknown fields and trailing data; an empty body leaves v unchanged.
+func decodeBody(c echo.Context, v any) error {
 	raw, err := io.ReadAll(http.MaxBytesReader(c.Response().Writer, c.Request().Body, maxBody))
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return false, &framework.Error{Code: framework.CodePayloadTooLarge,
+			return &framework.Error{Code: framework.CodePayloadTooLarge,
 				Message: fmt.Sprintf("request body exceeds the limit of %d bytes", maxBody), Err: err}
 		}
-		return false, &framework.Error{Code: framework.CodeBadRequest, Message: "cannot read the request body", Err: err}
+		return &framework.Error{Code: framework.CodeBadRequest, Message: "cannot read the request body", Err: err}
 	}
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 {
-		return false, nil
+		return nil
 	}
 	if raw[0] != '{' {
-		return false, &framework.Error{Code: framework.CodeBadRequest, Message: "the request body must be a JSON object"}
+		return &framework.Error{Code: framework.CodeBadRequest, Message: "the request body must be a JSON object"}
 	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		msg := strings.TrimPrefix(err.Error(), "json: ")
-		return false, &framework.Error{Code: framework.CodeBadRequest, Message: "invalid request body: " + msg, Err: err}
+		return &framework.Error{Code: framework.CodeBadRequest, Message: "invalid request body: " + msg, Err: err}
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return false, &framework.Error{Code: framework.CodeBadRequest, Message: "the request body has data after its JSON object"}
+		return &framework.Error{Code: framework.CodeBadRequest, Message: "the request body has data after its JSON object"}
 	}
-	return true, nil
+	return nil
 }
 
 // writeData answers 200 {"data": v}, encoding before writing anything.

@@ -89,7 +89,7 @@ func (h *maintenance) migrations(c echo.Context) error {
 }
 
 func (h *maintenance) migrateUp(c echo.Context) error {
-	if _, err := decodeBody(c, &struct{}{}); err != nil {
+	if err := decodeBody(c, &struct{}{}); err != nil {
 		return web.WriteError(c, err)
 	}
 	applied, err := migrate.Apply(c.Request().Context(), h.pool, h.fsys, nil)
@@ -134,7 +134,7 @@ func newPruneJSON(days int, res *retention.Result) pruneJSON {
 
 func (h *maintenance) prune(c echo.Context) error {
 	var body pruneBody
-	if _, err := decodeBody(c, &body); err != nil {
+	if err := decodeBody(c, &body); err != nil {
 		return web.WriteError(c, err)
 	}
 	if body.OlderThanDays == nil {
@@ -214,7 +214,7 @@ func (h *maintenance) rebuild(c echo.Context) error {
 		return web.WriteError(c, err)
 	}
 	var body rebuildBody
-	if _, err := decodeBody(c, &body); err != nil {
+	if err := decodeBody(c, &body); err != nil {
 		return web.WriteError(c, err)
 	}
 	var batch int
