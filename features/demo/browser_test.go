@@ -136,20 +136,13 @@ func row(customer string) chromedp.CSS {
 	return chromedp.CSS(fmt.Sprintf(`#orders tbody tr[data-customer=%q]`, customer))
 }
 
-// TestDemoPageInBrowser drives the demo page in chromium: an order placed
-// through the form appears in the list, one placed through the API appears
-// too, and after a server restart the orders written while it was down
-// appear once the page has reconnected, each exactly once.
-func TestDemoPageInBrowser(t *testing.T) {
-	t.Parallel()
+// openBrowser starts a headless chromium for t (failing t when there is
+// none) and returns a context of 3*wait on it; both end with t.
+func openBrowser(t *testing.T) context.Context {
+	t.Helper()
 	if _, err := os.Stat(chromium); err != nil {
 		t.Fatalf("chromium is required for the browser test (apt-get install chromium; .ci/run installs it): %v", err)
 	}
-	db := kumikotest.NewDB(t)
-	rds := jobstest.StartRedis(t)
-	srv := newServer(t, db.URL, rds.URL)
-	srv.start()
-
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(chromium),
 		chromedp.Flag("headless", true),
@@ -161,12 +154,27 @@ func TestDemoPageInBrowser(t *testing.T) {
 		chromedp.NoFirstRun,
 	)
 	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	defer cancelAlloc()
+	t.Cleanup(cancelAlloc)
 	browser, cancelBrowser := chromedp.NewContext(allocCtx)
-	defer cancelBrowser()
+	t.Cleanup(cancelBrowser)
 	require.NoError(t, chromedp.Do(browser)) // starts the browser (no timeout on this first call)
 	ctx, cancel := context.WithTimeout(browser, 3*wait)
-	defer cancel()
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// TestDemoPageInBrowser drives the demo page in chromium: an order placed
+// through the form appears in the list, one placed through the API appears
+// too, and after a server restart the orders written while it was down
+// appear once the page has reconnected, each exactly once.
+func TestDemoPageInBrowser(t *testing.T) {
+	t.Parallel()
+	db := kumikotest.NewDB(t)
+	rds := jobstest.StartRedis(t)
+	srv := newServer(t, db.URL, rds.URL)
+	srv.start()
+
+	ctx := openBrowser(t)
 
 	// The page gets the dev token and goes live.
 	require.NoError(t, chromedp.Do(ctx,

@@ -3,7 +3,6 @@ package demo_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"syscall"
 	"testing"
 
@@ -22,31 +21,12 @@ import (
 // shows the orders written while the server was down.
 func TestDemoPageCatchesUpWithoutEventID(t *testing.T) {
 	t.Parallel()
-	if _, err := os.Stat(chromium); err != nil {
-		t.Fatalf("chromium is required for the browser test: %v", err)
-	}
 	db := kumikotest.NewDB(t)
 	rds := jobstest.StartRedis(t)
 	srv := newServer(t, db.URL, rds.URL)
 	srv.start()
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(chromium),
-		chromedp.Flag("headless", true),
-		chromedp.NoSandbox,
-		chromedp.DisableGPU,
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.NoFirstRun,
-	)
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	defer cancelAlloc()
-	browser, cancelBrowser := chromedp.NewContext(allocCtx)
-	defer cancelBrowser()
-	require.NoError(t, chromedp.Do(browser))
-	ctx, cancel := context.WithTimeout(browser, 3*wait)
-	defer cancel()
+	ctx := openBrowser(t)
 
 	require.NoError(t, chromedp.Do(ctx,
 		chromedp.Navigate(srv.url()+"/"),
