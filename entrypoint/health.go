@@ -143,6 +143,7 @@ const lagSQL = `SELECT c.name, (SELECT count(*) FROM (
     SELECT 1 FROM events e
     WHERE (e.commit_key, e.position) > (c.cursor_commit_key, c.cursor_position)
       AND (c.event_types IS NULL OR e.type = ANY(c.event_types))
+      AND (c.partition_count = 1 OR kumiko_stream_partition(e.stream_id, c.partition_count) = c.partition_index)
     LIMIT $3) x)
 FROM event_consumers c
 WHERE c.name = ANY($1) AND c.instance_id IN ('__shared__', $2) AND c.status <> 'disabled'`

@@ -62,7 +62,18 @@ type ProjectionOptions struct {
 	// Saga marks a projection that appends events; it cannot be rebuilt.
 	// Defaults to false.
 	Saga bool
+	// Partitions splits the consumer into that many state rows, each
+	// reading the events of the streams that hash to it: passes of
+	// different partitions run in parallel, and each stream's events still
+	// arrive in order (events of different streams may not). 0 and 1 mean
+	// one cursor; more than MaxPartitions, or a negative number, is a
+	// registration problem. Defaults to 1.
+	Partitions int
 }
+
+// MaxPartitions bounds [ProjectionOptions.Partitions]: every partition is a
+// state row and a pass loop of its own.
+const MaxPartitions = 64
 
 // ApplyFunc is the erased form of a projection handler.
 type ApplyFunc func(ctx context.Context, tx *Tx, env Envelope) error
@@ -101,6 +112,9 @@ func MultiStreamProjection(f *Feature, name string, opts *ProjectionOptions) *Pr
 	if o.BatchSize < 0 {
 		// A negative LIMIT would fail every pass of the consumer.
 		f.reg.problem("projection %s: batch size %d is negative", p.name, o.BatchSize)
+	}
+	if o.Partitions < 0 || o.Partitions > MaxPartitions {
+		f.reg.problem("projection %s: partitions %d is not between 1 and %d", p.name, o.Partitions, MaxPartitions)
 	}
 	return p
 }

@@ -2,6 +2,8 @@ package dispatcher
 
 import (
 	"context"
+	"regexp"
+	"strconv"
 
 	"github.com/kumiko-go/kumiko/framework"
 )
@@ -48,6 +50,14 @@ type Consumer struct {
 	// (a projection rebuild points unqualified table names at its shadow
 	// schema this way). Defaults to the connection's search_path.
 	SearchPath string
+	// Partitions splits the consumer into that many state rows, named
+	// [PartitionName](Name, i): partition i reads the events of the streams
+	// that hash to i (kumiko_stream_partition), so passes of different
+	// partitions run in parallel while each stream's events still arrive in
+	// order. 0 and 1 mean one state row, named Name; at most
+	// [framework.MaxPartitions]. Changing it later needs the partitions'
+	// cursors lined up (see [Dispatcher.Register]). Defaults to 1.
+	Partitions int
 	// BeforeCommit, when set, runs in the pass transaction after the
 	// handlers of a non-empty batch and before the cursor advance; an error
 	// rolls the whole pass back and is returned by the pass (no retry
@@ -67,8 +77,17 @@ func FromProjection(p *framework.Projection) Consumer {
 		SkipApplyErrors: o.SkipApplyErrors,
 		MaxAttempts:     o.MaxAttempts,
 		BatchSize:       o.BatchSize,
+		Partitions:      o.Partitions,
 	}
 }
+
+// PartitionName is the state-row name of partition i of the consumer name,
+// e.g. "orders:order-totals@2".
+func PartitionName(name string, i int) string { return name + "@" + strconv.Itoa(i) }
+
+// partitionSuffix matches the suffix PartitionName adds; consumer names may
+// not end with it.
+var partitionSuffix = regexp.MustCompile(`@[0-9]+$`)
 
 // ProjectionConsumers returns a Consumer for every multi-stream projection
 // of reg whose RunIn is accepted by keep (nil keeps all).

@@ -90,7 +90,8 @@ type Dispatcher struct {
 	cfg       Config
 	log       *slog.Logger
 	consumers []*consumerRun
-	byName    map[string]*consumerRun
+	byName    map[string]*consumerRun // by state-row name
+	bases     map[string]layout       // by declared name
 	slots     chan struct{}
 	notifyReq chan struct{}
 	metrics   *metrics
@@ -100,7 +101,11 @@ type Dispatcher struct {
 
 // consumerRun is a consumer with its resolved state-row key and wake chan.
 type consumerRun struct {
-	Consumer
+	Consumer // Name is the state row's: PartitionName(base, part) when partitioned
+	// base is the declared name; part the partition's index (0 of 1 when
+	// the consumer is not partitioned).
+	base     string
+	part     int
 	instance string
 	wake     chan struct{}
 	lockKey  string
@@ -179,6 +184,7 @@ func New(pool *pgxpool.Pool, reg *framework.Registry, consumers []Consumer, cfg 
 		pool: pool, reg: reg, cfg: c,
 		log:       cmp.Or(c.Logger, slog.New(slog.DiscardHandler)),
 		byName:    map[string]*consumerRun{},
+		bases:     map[string]layout{},
 		slots:     make(chan struct{}, c.MaxConcurrentPasses),
 		notifyReq: make(chan struct{}, 1),
 	}
@@ -191,7 +197,16 @@ func New(pool *pgxpool.Pool, reg *framework.Registry, consumers []Consumer, cfg 
 		if cons.Apply == nil {
 			problems = append(problems, fmt.Errorf("dispatcher: consumer %s has no Apply", cons.Name))
 		}
-		if _, dup := d.byName[cons.Name]; dup {
+		if partitionSuffix.MatchString(cons.Name) {
+			problems = append(problems, fmt.Errorf("dispatcher: consumer name %s ends like a partition's state row (@<number>)", cons.Name))
+			continue
+		}
+		if cons.Partitions < 0 || cons.Partitions > framework.MaxPartitions {
+			problems = append(problems, fmt.Errorf("dispatcher: consumer %s: partitions %d is not between 1 and %d",
+				cons.Name, cons.Partitions, framework.MaxPartitions))
+			continue
+		}
+		if _, dup := d.bases[cons.Name]; dup {
 			problems = append(problems, fmt.Errorf("dispatcher: consumer %s registered twice", cons.Name))
 			continue
 		}
@@ -199,13 +214,22 @@ func New(pool *pgxpool.Pool, reg *framework.Registry, consumers []Consumer, cfg 
 		cons.MaxAttempts = cmp.Or(cons.MaxAttempts, 10)
 		cons.BatchSize = cmp.Or(cons.BatchSize, c.BatchSize)
 		cons.BeforeCommit = recoverBeforeCommit(cons.BeforeCommit)
+		cons.Partitions = max(cons.Partitions, 1)
 		inst := SharedInstance
 		if cons.Delivery == framework.DeliveryPerInstance {
 			inst = c.InstanceID
 		}
-		cr := &consumerRun{Consumer: cons, instance: inst, wake: make(chan struct{}, 1), lockKey: LockKey(cons.Name, inst)}
-		d.consumers = append(d.consumers, cr)
-		d.byName[cons.Name] = cr
+		d.bases[cons.Name] = layout{base: cons.Name, instance: inst, partitions: cons.Partitions}
+		for i := range cons.Partitions {
+			pc := cons
+			if cons.Partitions > 1 {
+				pc.Name = PartitionName(cons.Name, i)
+			}
+			cr := &consumerRun{Consumer: pc, base: cons.Name, part: i, instance: inst,
+				wake: make(chan struct{}, 1), lockKey: LockKey(pc.Name, inst)}
+			d.consumers = append(d.consumers, cr)
+			d.byName[pc.Name] = cr
+		}
 	}
 	if len(problems) > 0 {
 		return nil, errors.Join(problems...)
@@ -259,20 +283,39 @@ func (d *Dispatcher) wakeLocal() {
 // position): every event below it is final, and an event of a transaction
 // still open now has a commit key >= xmin, so it is still delivered. (The
 // largest stored commit key would skip such events.)
-const registerSQL = `INSERT INTO event_consumers (name, instance_id, event_types, cursor_commit_key, cursor_position)
+const registerSQL = `INSERT INTO event_consumers (name, instance_id, event_types, cursor_commit_key, cursor_position,
+  partition_index, partition_count)
 SELECT $1, $2, $3,
        CASE WHEN $4 THEN ((pg_snapshot_xmin(pg_current_snapshot())::text::numeric - 1)::text)::xid8 ELSE '0'::xid8 END,
-       CASE WHEN $4 THEN 9223372036854775807 ELSE 0 END
+       CASE WHEN $4 THEN 9223372036854775807 ELSE 0 END,
+       $5, $6
 ON CONFLICT (name, instance_id) DO UPDATE SET event_types = EXCLUDED.event_types, heartbeat_at = now()
 RETURNING cursor_commit_key, cursor_position, status`
 
 // Register creates every consumer's state row (cursor at the start of the
 // log, or at its head for StartAtHead) before any pass runs, so that a prune
 // cannot delete what a consumer has not seen. Run calls it first.
+//
+// A consumer whose Partitions changed since its rows were stored gets new
+// rows at the furthest stored cursor, when the stored rows line up: none of
+// them has an event left to deliver before it (one cursor, as an
+// unpartitioned consumer has, always lines up). Otherwise Register fails
+// with a *[LayoutError] and changes nothing.
 func (d *Dispatcher) Register(ctx context.Context) error {
+	tx, err := d.pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("dispatcher: register consumers: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if err := d.lineUp(ctx, tx); err != nil {
+		if errors.Is(err, ErrLayout) {
+			return err
+		}
+		return fmt.Errorf("dispatcher: register consumers: %w", err)
+	}
 	b := &pgx.Batch{}
 	for _, c := range d.consumers {
-		b.Queue(registerSQL, c.Name, c.instance, c.EventTypes, c.StartAtHead).QueryRow(func(r pgx.Row) error {
+		b.Queue(registerSQL, c.Name, c.instance, c.EventTypes, c.StartAtHead, c.part, c.Partitions).QueryRow(func(r pgx.Row) error {
 			var cur eventstore.Cursor
 			var status string
 			if err := r.Scan(&cur.CommitKey, &cur.Position, &status); err != nil {
@@ -282,7 +325,10 @@ func (d *Dispatcher) Register(ctx context.Context) error {
 			return nil
 		})
 	}
-	if err := d.pool.SendBatch(ctx, b).Close(); err != nil {
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("dispatcher: register consumers: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("dispatcher: register consumers: %w", err)
 	}
 	d.registered.Store(true)
@@ -297,10 +343,10 @@ func (d *Dispatcher) Registered() bool { return d.registered.Load() }
 // flight finishes first. Registration is retried with backoff while it
 // fails (the database may not answer yet, or not be migrated yet, when a
 // process starts); Registered stays false meanwhile. It returns nil when
-// ctx ends.
+// ctx ends, and the *[LayoutError] of a registration that cannot succeed.
 func (d *Dispatcher) Run(ctx context.Context) error {
-	if !d.registerRetrying(ctx) {
-		return nil
+	if ok, err := d.registerRetrying(ctx); !ok {
+		return err
 	}
 	var wg sync.WaitGroup
 	for _, c := range d.consumers {
@@ -316,12 +362,18 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 }
 
 // registerRetrying calls Register until it succeeds (true) or ctx ends
-// (false), logging each failure.
-func (d *Dispatcher) registerRetrying(ctx context.Context) bool {
-	return retry.Until(ctx, d.Register, func(err error, retryIn time.Duration) bool {
+// (false), logging each failure; a *LayoutError ends it at once, returned.
+func (d *Dispatcher) registerRetrying(ctx context.Context) (bool, error) {
+	var refused error
+	ok := retry.Until(ctx, d.Register, func(err error, retryIn time.Duration) bool {
+		if errors.Is(err, ErrLayout) {
+			refused = err // no retry changes it
+			return false
+		}
 		d.log.Warn("dispatcher registration failed", "error", err, "retry_in", retryIn.String())
 		return true
 	})
+	return ok, refused
 }
 
 // checkSigns refuses the negative durations and sizes of c: a negative
@@ -453,6 +505,7 @@ JOIN LATERAL (
   WHERE (commit_key, position) > (c.cursor_commit_key, c.cursor_position)
     AND commit_key < pg_snapshot_xmin(pg_current_snapshot())
     AND (c.event_types IS NULL OR type = ANY(c.event_types))
+    AND (c.partition_count = 1 OR kumiko_stream_partition(stream_id, c.partition_count) = c.partition_index)
   ORDER BY commit_key, position
   LIMIT $3
 ) e ON true
@@ -546,8 +599,9 @@ var errNoStateRow = errors.New("no state row")
 // recreateSQL puts back a state row that was removed under a running
 // process; a row that exists meanwhile (re-registered, or re-created by a
 // concurrent pass) is kept.
-const recreateSQL = `INSERT INTO event_consumers (name, instance_id, event_types, cursor_commit_key, cursor_position, status)
-VALUES ($1, $2, $3, $4, $5, $6)
+const recreateSQL = `INSERT INTO event_consumers (name, instance_id, event_types, cursor_commit_key, cursor_position, status,
+  partition_index, partition_count)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
 ON CONFLICT (name, instance_id) DO NOTHING`
 
 // recreate puts back the state row of a per-instance consumer that another
@@ -566,7 +620,7 @@ ON CONFLICT (name, instance_id) DO NOTHING`
 func (d *Dispatcher) recreate(ctx context.Context, c *consumerRun) error {
 	k := c.knownRow()
 	if !k.ok {
-		if _, err := d.pool.Exec(ctx, registerSQL, c.Name, c.instance, c.EventTypes, c.StartAtHead); err != nil {
+		if _, err := d.pool.Exec(ctx, registerSQL, c.Name, c.instance, c.EventTypes, c.StartAtHead, c.part, c.Partitions); err != nil {
 			return fmt.Errorf("dispatcher: %s: register removed state row: %w", c.Name, err)
 		}
 		d.log.Warn("consumer state row re-created", "consumer", c.Name, "instance_id", c.instance, "cursor", "start")
@@ -576,7 +630,8 @@ func (d *Dispatcher) recreate(ctx context.Context, c *consumerRun) error {
 	if k.disabled {
 		status = "disabled"
 	}
-	tag, err := d.pool.Exec(ctx, recreateSQL, c.Name, c.instance, c.EventTypes, k.cursor.CommitKey, k.cursor.Position, status)
+	tag, err := d.pool.Exec(ctx, recreateSQL, c.Name, c.instance, c.EventTypes, k.cursor.CommitKey, k.cursor.Position, status,
+		c.part, c.Partitions)
 	if err != nil {
 		return fmt.Errorf("dispatcher: %s: re-create removed state row: %w", c.Name, err)
 	}

@@ -20,6 +20,7 @@ RETURNING name, instance_id`
   WHERE c.name = $1 AND c.instance_id = $2
     AND (e.commit_key, e.position) > (c.cursor_commit_key, c.cursor_position)
     AND (c.event_types IS NULL OR e.type = ANY(c.event_types))
+    AND (c.partition_count = 1 OR kumiko_stream_partition(e.stream_id, c.partition_count) = c.partition_index)
   LIMIT 10000000) x`
 	visibilitySQL = `SELECT coalesce(extract(epoch FROM now() - min(xact_start)), 0)::float8
 FROM pg_stat_activity WHERE backend_xid IS NOT NULL`

@@ -119,6 +119,12 @@ type ConsumerStatus struct {
 	Status State `json:"status"`
 	// EventTypes the consumer reads; nil means every type.
 	EventTypes []string `json:"eventTypes"`
+	// Partition is the row's partition of Partitions (0 of 1 for an
+	// unpartitioned consumer): it reads the events of the streams that hash
+	// to it (see [Consumer.Partitions]).
+	Partition int `json:"partition"`
+	// Partitions is how many partitions the consumer has.
+	Partitions int `json:"partitions"`
 	// Cursor is the place of the last event the consumer moved past.
 	Cursor eventstore.Cursor `json:"-"`
 	// Lag counts the events of the consumer's types after its cursor,
@@ -190,9 +196,11 @@ SELECT c.name, c.instance_id, c.status, c.event_types, c.cursor_commit_key, c.cu
   c.attempts, c.failed_position, coalesce(c.last_error, ''), c.next_attempt_at, c.dead_at, c.revivals,
   c.events_processed, c.heartbeat_at, extract(epoch FROM now() - c.heartbeat_at)::float8, c.updated_at,
   hashtextextended(c.name || chr(31) || c.instance_id, 0) IN (SELECT key FROM held),
+  c.partition_index, c.partition_count,
   (SELECT count(*) FROM events e
     WHERE (e.commit_key, e.position) > (c.cursor_commit_key, c.cursor_position)
-      AND (c.event_types IS NULL OR e.type = ANY(c.event_types)))
+      AND (c.event_types IS NULL OR e.type = ANY(c.event_types))
+      AND (c.partition_count = 1 OR kumiko_stream_partition(e.stream_id, c.partition_count) = c.partition_index))
 FROM event_consumers c
 WHERE ($1::text IS NULL OR (c.name = $1 AND c.instance_id = $2))
 ORDER BY c.name, c.instance_id`
@@ -252,7 +260,7 @@ func queryStatus(ctx context.Context, pool *pgxpool.Pool, name *string, instance
 		var processing bool
 		err := r.Scan(&s.Name, &s.InstanceID, &status, &s.EventTypes, &s.Cursor.CommitKey, &s.Cursor.Position,
 			&s.Attempts, &s.FailedPosition, &s.LastError, &s.NextAttemptAt, &s.DeadSince, &s.Revivals,
-			&s.EventsProcessed, &s.HeartbeatAt, &ageSecs, &s.UpdatedAt, &processing, &s.Lag)
+			&s.EventsProcessed, &s.HeartbeatAt, &ageSecs, &s.UpdatedAt, &processing, &s.Partition, &s.Partitions, &s.Lag)
 		s.Status = State(status)
 		if processing && s.Status == StateIdle {
 			s.Status = StateProcessing
@@ -274,11 +282,14 @@ type opRow struct {
 	eventTypes     []string
 	failedPosition *int64
 	lastError      *string
+	// partIndex of partCount: the row's share of the streams.
+	partIndex, partCount int
 }
 
 const (
 	opsLockSQL = `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`
-	opsRowSQL  = `SELECT status, cursor_commit_key, cursor_position, event_types, failed_position, last_error
+	opsRowSQL  = `SELECT status, cursor_commit_key, cursor_position, event_types, failed_position, last_error,
+  partition_index, partition_count
 FROM event_consumers WHERE name = $1 AND instance_id = $2 FOR UPDATE`
 )
 
@@ -302,7 +313,7 @@ func withConsumer(ctx context.Context, pool *pgxpool.Pool, verb, name, instance 
 		row := opRow{name: name, instance: instance}
 		var status string
 		err := tx.QueryRow(ctx, opsRowSQL, name, instance).Scan(&status, &row.cursor.CommitKey, &row.cursor.Position,
-			&row.eventTypes, &row.failedPosition, &row.lastError)
+			&row.eventTypes, &row.failedPosition, &row.lastError, &row.partIndex, &row.partCount)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return notFound(name, instance)
 		}
@@ -380,6 +391,7 @@ WHERE position = $1 AND (commit_key, position) > ($2::xid8, $3::bigint)`
 WHERE (commit_key, position) > ($1::xid8, $2::bigint)
   AND commit_key < pg_snapshot_xmin(pg_current_snapshot())
   AND ($3::text[] IS NULL OR type = ANY($3))
+  AND ($5::int = 1 OR kumiko_stream_partition(stream_id, $5) = $4)
 ORDER BY commit_key, position LIMIT 1`
 	skipDeadLetterSQL = `INSERT INTO event_dead_letters (consumer, instance_id, position, event_type, tenant_id, error)
 VALUES ($1, $2, $3, $4, $5, $6) RETURNING id, created_at`
@@ -416,7 +428,7 @@ func Skip(ctx context.Context, pool *pgxpool.Pool, name, instance string) (DeadL
 			found = err == nil
 		}
 		if !found {
-			err := tx.QueryRow(ctx, skipNextSQL, row.cursor.CommitKey, row.cursor.Position, row.eventTypes).
+			err := tx.QueryRow(ctx, skipNextSQL, row.cursor.CommitKey, row.cursor.Position, row.eventTypes, row.partIndex, row.partCount).
 				Scan(&dl.Position, &ck, &dl.EventType, &dl.TenantID)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return &opError{msg: fmt.Sprintf("consumer %s has no failing event and no event after its cursor %s to skip", label(name, row.instance), row.cursor), kind: ErrNothingToSkip}

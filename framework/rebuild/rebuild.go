@@ -186,14 +186,17 @@ WHERE n > 0`
 	rebuildStateSQL = `SELECT status, attempts, coalesce(last_error, ''), failed_position, cursor_commit_key, cursor_position, events_processed
 FROM event_consumers WHERE name = $1 AND instance_id = $2`
 	passLockSQL = `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`
-	takeOverSQL = `INSERT INTO event_consumers (name, instance_id, event_types, cursor_commit_key, cursor_position, events_processed)
-VALUES ($1, $2, $3, $4, $5, $6)
-ON CONFLICT (name, instance_id) DO UPDATE SET
-  cursor_commit_key = EXCLUDED.cursor_commit_key, cursor_position = EXCLUDED.cursor_position,
-  events_processed = EXCLUDED.events_processed,
-  status = CASE WHEN event_consumers.status = 'dead' THEN 'idle' ELSE event_consumers.status END,
-  attempts = 0, failed_position = NULL, last_error = NULL, next_attempt_at = NULL, dead_at = NULL,
-  revivals = 0, updated_at = now()`
+	// takeOverSQL creates a live state row (the stored ones are deleted
+	// first) at the rebuild's cursor.
+	takeOverSQL = `INSERT INTO event_consumers (name, instance_id, event_types, cursor_commit_key, cursor_position,
+  events_processed, status, partition_index, partition_count)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`
+	// moveDeadLettersSQL gives the rebuild's dead letters to the live
+	// consumer: to the partition of the event's stream when it is
+	// partitioned ($3 partitions; the first one when the event is gone).
+	moveDeadLettersSQL = `UPDATE event_dead_letters dl SET consumer = CASE WHEN $3::int <= 1 THEN $1
+  ELSE $1 || '@' || coalesce((SELECT kumiko_stream_partition(e.stream_id, $3) FROM events e WHERE e.position = dl.position), 0)::text END
+WHERE dl.consumer = $2`
 )
 
 // run is one rebuild in progress.
@@ -693,10 +696,22 @@ func (r *run) swapOnce(ctx context.Context, d *dispatcher.Dispatcher) (*Result, 
 	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, timeout); err != nil {
 		return nil, fmt.Errorf("rebuild: swap: %w", err)
 	}
-	// The dispatcher's pass lock of the live consumer: no live pass runs
-	// (or is in flight) until this transaction ends.
-	if _, err := tx.Exec(ctx, passLockSQL, dispatcher.LockKey(r.p.Name(), dispatcher.SharedInstance)); err != nil {
-		return nil, fmt.Errorf("rebuild: swap: lock live consumer: %w", err)
+	// The dispatcher's pass locks of the live consumer's state rows, those
+	// stored and those its partitioning declares now: no live pass runs (or
+	// is in flight) until this transaction ends. Taken in name order, as
+	// the dispatcher's registration takes them.
+	partitions := max(r.p.Options().Partitions, 1)
+	declared := dispatcher.RowNames(r.p.Name(), partitions)
+	stored, _, err := dispatcher.StoredRows(ctx, tx, r.p.Name(), dispatcher.SharedInstance, false)
+	if err != nil {
+		return nil, fmt.Errorf("rebuild: swap: %w", err)
+	}
+	locks := slices.Concat(declared, stored)
+	slices.Sort(locks)
+	for _, name := range slices.Compact(locks) {
+		if _, err := tx.Exec(ctx, passLockSQL, dispatcher.LockKey(name, dispatcher.SharedInstance)); err != nil {
+			return nil, fmt.Errorf("rebuild: swap: lock live consumer: %w", err)
+		}
 	}
 	if err := r.catchUp(ctx, d, PhaseSwap, 20); err != nil {
 		return nil, err
@@ -722,12 +737,30 @@ func (r *run) swapOnce(ctx context.Context, d *dispatcher.Dispatcher) (*Result, 
 		b.Queue(`ALTER SEQUENCE ` + o.sequence + ` OWNED BY ` + r.live + `.` + pgx.Identifier{o.column}.Sanitize())
 	}
 	b.Queue(`DROP SCHEMA ` + pgx.Identifier{r.schema}.Sanitize())
-	b.Queue(takeOverSQL, r.p.Name(), dispatcher.SharedInstance, r.p.EventTypes(), st.cursor.CommitKey, st.cursor.Position, st.processed)
+	// The live rows start at the rebuild's cursor, in the partitioning
+	// declared now; a live consumer an operator disabled stays disabled.
+	stored, statuses, err := dispatcher.StoredRows(ctx, tx, r.p.Name(), dispatcher.SharedInstance, true)
+	if err != nil {
+		return nil, fmt.Errorf("rebuild: swap: %w", err)
+	}
+	status := "idle"
+	if len(statuses) > 0 && !slices.ContainsFunc(statuses, func(s string) bool { return s != "disabled" }) {
+		status = "disabled"
+	}
+	b.Queue(`DELETE FROM event_consumers WHERE name = ANY($1) AND instance_id = $2`, stored, dispatcher.SharedInstance)
+	for i, name := range declared {
+		processed := int64(0)
+		if i == 0 {
+			processed = st.processed
+		}
+		b.Queue(takeOverSQL, name, dispatcher.SharedInstance, r.p.EventTypes(), st.cursor.CommitKey, st.cursor.Position,
+			processed, status, i, partitions)
+	}
 	b.Queue(`DELETE FROM event_consumers WHERE name = $1`, r.consumer)
 	// The live consumer's dead letters are events the old table skipped;
 	// the new one holds every event but the rebuild's own dead letters.
-	b.Queue(`DELETE FROM event_dead_letters WHERE consumer = $1`, r.p.Name())
-	b.Queue(`UPDATE event_dead_letters SET consumer = $1 WHERE consumer = $2`, r.p.Name(), r.consumer)
+	b.Queue(`DELETE FROM event_dead_letters WHERE consumer = ANY($1)`, slices.Concat(declared, stored))
+	b.Queue(moveDeadLettersSQL, r.p.Name(), r.consumer, partitions)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return nil, fmt.Errorf("rebuild: swap %s: %w", r.live, err)
 	}

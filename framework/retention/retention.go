@@ -142,6 +142,7 @@ const (
     (SELECT count(*) FROM (SELECT 1 FROM events e
        WHERE e.type = ANY($1) AND e.created_at < $2
          AND (c.event_types IS NULL OR e.type = ANY(c.event_types))
+         AND (c.partition_count = 1 OR kumiko_stream_partition(e.stream_id, c.partition_count) = c.partition_index)
          AND (e.commit_key, e.position) > (c.cursor_commit_key, c.cursor_position)
        LIMIT 1000000) x) AS unseen
   FROM event_consumers c

@@ -1,0 +1,312 @@
+package dispatcher_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kumiko-go/kumiko/framework"
+	"github.com/kumiko-go/kumiko/framework/dispatcher"
+)
+
+// ordered is a projection that records every event with a sequence number
+// taken when its handler ran, so tests can compare delivery order.
+func ordered(b *bundle, name string, opts *framework.ProjectionOptions, before func(context.Context, framework.Event[noted]) error) {
+	p := framework.MultiStreamProjection(b.f, name, opts)
+	framework.On(p, b.noted, func(ctx context.Context, tx *framework.Tx, e framework.Event[noted]) error {
+		if before != nil {
+			if err := before(ctx, e); err != nil {
+				return err
+			}
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO delivered (tenant_id, consumer, position, stream_id) VALUES ($1, $2, $3, $4)`,
+			tx.TenantID(), name, e.ID, e.Stream.ID)
+		return err
+	})
+}
+
+func setupOrdered(t *testing.T, register func(b *bundle)) *bundle {
+	t.Helper()
+	return setup(t, func(b *bundle) {
+		_, err := b.db.Pool.Exec(context.Background(), `CREATE TABLE delivered (seq bigserial, tenant_id text NOT NULL,
+			consumer text, position bigint, stream_id text);
+			SELECT kumiko_enable_tenancy('delivered');
+			GRANT USAGE ON SEQUENCE delivered_seq_seq TO kumiko_tenant`)
+		require.NoError(t, err)
+		register(b)
+	})
+}
+
+// redeclare returns a registry of newer code: the ordered projection "p"
+// with the given partitions.
+func redeclare(b *bundle, partitions int) *framework.Registry {
+	reg := framework.NewRegistry()
+	f, ev := b.f, b.noted
+	defer func() { b.f, b.noted = f, ev }()
+	b.f = reg.Feature("test")
+	b.noted = framework.DefineEvent[noted](b.f, "noted", nil)
+	ordered(b, "p", &framework.ProjectionOptions{Partitions: partitions}, nil)
+	return reg
+}
+
+// streamInPartition returns a stream id (of those write uses) that hashes
+// to partition i of n.
+func streamInPartition(t *testing.T, b *bundle, i, n int) string {
+	t.Helper()
+	for s := range 1000 {
+		var p int
+		require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT kumiko_stream_partition($1, $2)`, fmt.Sprint(s), n).Scan(&p))
+		if p == i {
+			return fmt.Sprint(s)
+		}
+	}
+	t.Fatalf("no stream id of partition %d of %d", i, n)
+	return ""
+}
+
+// requireExactlyOnceInStreamOrder checks the delivered table: every event
+// once, and each stream's events in position order.
+func requireExactlyOnceInStreamOrder(t *testing.T, b *bundle, consumer string, want int) {
+	t.Helper()
+	require.Equal(t, want, count(t, b, `SELECT count(*) FROM delivered WHERE consumer = $1`, consumer))
+	require.Equal(t, want, count(t, b, `SELECT count(DISTINCT position) FROM delivered WHERE consumer = $1`, consumer), "an event delivered twice")
+	require.Zero(t, count(t, b, `SELECT count(*) FROM (
+		SELECT position < lag(position) OVER (PARTITION BY tenant_id, stream_id ORDER BY seq) AS back
+		FROM delivered WHERE consumer = $1) x WHERE back`, consumer), "a stream's events out of order")
+}
+
+// Partitions split delivery by stream: two processes running four
+// partitions deliver every event exactly once, each stream in order, and
+// every partition reads only its own streams.
+func TestPartitionsDeliverEveryEventOnceInStreamOrder(t *testing.T) {
+	t.Parallel()
+	b := setupOrdered(t, func(b *bundle) { ordered(b, "p", &framework.ProjectionOptions{Partitions: 4}, nil) })
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	for _, inst := range []string{"one", "two"} {
+		d, err := dispatcher.New(b.db.Pool, b.reg, dispatcher.ProjectionConsumers(b.reg, nil), &dispatcher.Config{
+			InstanceID: inst, PollInterval: 10 * time.Millisecond, BatchSize: 7, MaxConcurrentPasses: 4})
+		require.NoError(t, err)
+		require.Equal(t, []string{"test:p@0", "test:p@1", "test:p@2", "test:p@3"}, d.Consumers())
+		wg.Go(func() { require.NoError(t, d.Run(ctx)) })
+	}
+	var writers sync.WaitGroup
+	for w := range 3 {
+		writers.Go(func() { b.write(t, fmt.Sprintf("t%d", w), w*60, 60, 11) })
+	}
+	writers.Wait()
+	require.Eventually(t, func() bool {
+		return count(t, b, `SELECT count(*) FROM delivered`) >= 180
+	}, 60*time.Second, 20*time.Millisecond)
+	cancel()
+	wg.Wait()
+	requireExactlyOnceInStreamOrder(t, b, "p", 180)
+	// Each partition delivered only the events of its streams, and all of
+	// them: its events_processed matches the count of its streams' events.
+	require.Zero(t, count(t, b, `SELECT count(*) FROM event_consumers c WHERE c.name LIKE 'test:p@%'
+		AND c.events_processed <> (SELECT count(*) FROM events e WHERE kumiko_stream_partition(e.stream_id, 4) = c.partition_index)`))
+	require.Equal(t, 4, count(t, b, `SELECT count(*) FROM event_consumers WHERE name LIKE 'test:p@%' AND partition_count = 4 AND events_processed > 0`))
+	require.Zero(t, count(t, b, `SELECT count(*) FROM event_consumers WHERE name = 'test:p'`), "no unpartitioned row")
+}
+
+// A partition whose handler is stuck holds up only its own streams: the
+// other partition delivers meanwhile. (One cursor would wait.)
+func TestPartitionsRunInParallel(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	var stuck string
+	b := setupOrdered(t, func(b *bundle) {
+		ordered(b, "p", &framework.ProjectionOptions{Partitions: 2}, func(ctx context.Context, e framework.Event[noted]) error {
+			if e.Stream.ID == stuck {
+				select {
+				case <-release:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			return nil
+		})
+	})
+	stuck = streamInPartition(t, b, 0, 2)
+	free := streamInPartition(t, b, 1, 2)
+	d, err := dispatcher.New(b.db.Pool, b.reg, dispatcher.ProjectionConsumers(b.reg, nil), &dispatcher.Config{
+		InstanceID: "one", PollInterval: 10 * time.Millisecond})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	wg.Go(func() { require.NoError(t, d.Run(ctx)) })
+	appendTo := func(stream string, n int) {
+		_, err := b.rt.InTx(context.Background(), "t1", framework.Metadata{}, func(ctx context.Context, tx *framework.Tx) error {
+			return tx.Append(framework.Stream{Type: "s", ID: stream}, framework.AnyVersion, b.noted.With(noted{N: n}))
+		})
+		require.NoError(t, err)
+	}
+	appendTo(stuck, 1)
+	appendTo(free, 2)
+	require.Eventually(t, func() bool {
+		return count(t, b, `SELECT count(*) FROM delivered WHERE stream_id = $1`, free) == 1
+	}, 30*time.Second, 10*time.Millisecond, "the free partition waits for the stuck one")
+	require.Zero(t, count(t, b, `SELECT count(*) FROM delivered WHERE stream_id = $1`, stuck))
+	close(release)
+	require.Eventually(t, func() bool {
+		return count(t, b, `SELECT count(*) FROM delivered`) == 2
+	}, 30*time.Second, 10*time.Millisecond)
+}
+
+// An unpartitioned consumer that is given partitions continues where its
+// one cursor stood: no event is delivered twice, none is lost.
+func TestPartitioningAConsumerKeepsItsCursor(t *testing.T) {
+	t.Parallel()
+	b := setupOrdered(t, func(b *bundle) { ordered(b, "p", nil, nil) })
+	one := newDispatcher(t, b, nil)
+	b.write(t, "t1", 0, 40, 9)
+	drain(t, one, "test:p", 40)
+	b.write(t, "t1", 40, 25, 9)
+
+	// The same consumer, declared with three partitions by newer code.
+	reg := redeclare(b, 3)
+	three, err := dispatcher.New(b.db.Pool, reg, dispatcher.ProjectionConsumers(reg, nil), &dispatcher.Config{InstanceID: "new"})
+	require.NoError(t, err)
+	require.NoError(t, three.Register(context.Background()))
+	require.Zero(t, count(t, b, `SELECT count(*) FROM event_consumers WHERE name = 'test:p'`), "the old row is replaced")
+	require.Equal(t, 3, count(t, b, `SELECT count(*) FROM event_consumers c WHERE name LIKE 'test:p@%' AND partition_count = 3
+		AND (cursor_commit_key, cursor_position) = (SELECT commit_key, position FROM events ORDER BY commit_key, position OFFSET 39 LIMIT 1)`),
+		"every partition starts at the old cursor")
+	require.Equal(t, 40, count(t, b, `SELECT sum(events_processed) FROM event_consumers WHERE name LIKE 'test:p@%'`))
+	total := 0
+	for i := range 3 {
+		for {
+			n, err := three.RunOnce(context.Background(), dispatcher.PartitionName("test:p", i))
+			require.NoError(t, err)
+			if n == 0 {
+				break
+			}
+			total += n
+		}
+	}
+	require.Equal(t, 25, total)
+	requireExactlyOnceInStreamOrder(t, b, "p", 65)
+	// Registering again changes nothing.
+	require.NoError(t, three.Register(context.Background()))
+	require.Equal(t, 3, count(t, b, `SELECT count(*) FROM event_consumers WHERE name LIKE 'test:p%'`))
+}
+
+// Partitions whose cursors do not line up cannot be re-partitioned: some
+// events would be delivered twice or never. Registration refuses, says
+// which partitions are behind, and changes nothing; once they caught up,
+// the change goes through. Run returns the refusal instead of retrying.
+func TestRepartitioningWaitsForPartitionsToLineUp(t *testing.T) {
+	t.Parallel()
+	b := setupOrdered(t, func(b *bundle) { ordered(b, "p", &framework.ProjectionOptions{Partitions: 2}, nil) })
+	two := newDispatcher(t, b, nil)
+	b.write(t, "t1", 0, 30, 7)
+	b.db.WaitVisible(t)
+	// Partition 0 delivers everything, partition 1 nothing.
+	for {
+		n, err := two.RunOnce(context.Background(), "test:p@0")
+		require.NoError(t, err)
+		if n == 0 {
+			break
+		}
+	}
+	behind := count(t, b, `SELECT count(*) FROM events WHERE kumiko_stream_partition(stream_id, 2) = 1`)
+	require.NotZero(t, behind)
+
+	reg := redeclare(b, 3)
+	three, err := dispatcher.New(b.db.Pool, reg, dispatcher.ProjectionConsumers(reg, nil), &dispatcher.Config{InstanceID: "new"})
+	require.NoError(t, err)
+	err = three.Register(context.Background())
+	require.ErrorIs(t, err, dispatcher.ErrLayout)
+	var le *dispatcher.LayoutError
+	require.True(t, errors.As(err, &le))
+	require.Equal(t, []string{"test:p@1"}, le.Behind)
+	require.Contains(t, err.Error(), "consumer test:p: its state rows have 2 partition(s), the code declares 3")
+	require.Contains(t, err.Error(), "kumiko projections rebuild test:p")
+	require.False(t, three.Registered())
+	require.Equal(t, 2, count(t, b, `SELECT count(*) FROM event_consumers WHERE name LIKE 'test:p@%' AND partition_count = 2`), "nothing changed")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.ErrorIs(t, three.Run(ctx), dispatcher.ErrLayout, "Run gives up at once")
+	require.NoError(t, ctx.Err())
+
+	drain(t, two, "test:p@1", behind)
+	require.NoError(t, three.Register(context.Background()))
+	require.Equal(t, 3, count(t, b, `SELECT count(*) FROM event_consumers WHERE name LIKE 'test:p@%' AND partition_count = 3`))
+	b.write(t, "t1", 30, 12, 7)
+	b.db.WaitVisible(t)
+	for i := range 3 {
+		for {
+			n, err := three.RunOnce(context.Background(), dispatcher.PartitionName("test:p", i))
+			require.NoError(t, err)
+			if n == 0 {
+				break
+			}
+		}
+	}
+	requireExactlyOnceInStreamOrder(t, b, "p", 42)
+}
+
+// Skip and the lag work on one partition's share of the log.
+func TestSkipAndLagOfAPartition(t *testing.T) {
+	t.Parallel()
+	b := setupOrdered(t, func(b *bundle) {
+		ordered(b, "p", &framework.ProjectionOptions{Partitions: 2, MaxAttempts: 1}, func(_ context.Context, e framework.Event[noted]) error {
+			return errors.New("poison")
+		})
+	})
+	d := newDispatcher(t, b, nil)
+	s0, s1 := streamInPartition(t, b, 0, 2), streamInPartition(t, b, 1, 2)
+	for i, s := range []string{s1, s1, s0} {
+		_, err := b.rt.InTx(context.Background(), "t1", framework.Metadata{}, func(ctx context.Context, tx *framework.Tx) error {
+			return tx.Append(framework.Stream{Type: "s", ID: s}, framework.AnyVersion, b.noted.With(noted{N: i}))
+		})
+		require.NoError(t, err)
+	}
+	b.db.WaitVisible(t)
+	rows, err := dispatcher.List(context.Background(), b.db.Pool)
+	require.NoError(t, err)
+	lags := map[string]int64{}
+	for _, r := range rows {
+		lags[r.Name] = r.Lag
+		require.Equal(t, 2, r.Partitions)
+	}
+	require.Equal(t, map[string]int64{"test:p@0": 1, "test:p@1": 2}, lags)
+	// Partition 0's next event is the third, not the first of the log.
+	dl, err := dispatcher.Skip(context.Background(), b.db.Pool, "test:p@0", "")
+	require.NoError(t, err)
+	var want int64
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT position FROM events WHERE stream_id = $1`, s0).Scan(&want))
+	require.Equal(t, want, dl.Position)
+	st, err := dispatcher.Status(context.Background(), b.db.Pool, "test:p@0", "")
+	require.NoError(t, err)
+	require.Zero(t, st.Lag)
+	require.Equal(t, 0, st.Partition)
+	_ = d
+}
+
+func TestBadPartitionsAreRefused(t *testing.T) {
+	t.Parallel()
+	reg := framework.NewRegistry()
+	f := reg.Feature("test")
+	framework.MultiStreamProjection(f, "neg", &framework.ProjectionOptions{Partitions: -1})
+	framework.MultiStreamProjection(f, "huge", &framework.ProjectionOptions{Partitions: framework.MaxPartitions + 1})
+	err := reg.Build()
+	require.ErrorContains(t, err, "projection test:neg: partitions -1 is not between 1 and 64")
+	require.ErrorContains(t, err, "projection test:huge: partitions 65 is not between 1 and 64")
+
+	apply := func(context.Context, *framework.Tx, framework.Envelope) error { return nil }
+	_, err = dispatcher.New(nil, nil, []dispatcher.Consumer{
+		{Name: "x@3", Apply: apply},
+		{Name: "y", Apply: apply, Partitions: -2},
+	}, &dispatcher.Config{InstanceID: "i"})
+	require.ErrorContains(t, err, "consumer name x@3 ends like a partition's state row")
+	require.ErrorContains(t, err, "consumer y: partitions -2 is not between 1 and 64")
+}
