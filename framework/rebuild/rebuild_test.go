@@ -44,7 +44,14 @@ type bundle struct {
 
 func setup(t *testing.T) *bundle {
 	t.Helper()
-	b := &bundle{db: kumikotest.NewDB(t), reg: framework.NewRegistry()}
+	return setupOn(t, kumikotest.NewDB(t), 0)
+}
+
+// setupOn is setup on db, with the tally projection in partitions
+// partitions; the tables are created when db has none yet.
+func setupOn(t *testing.T, db *kumikotest.DB, partitions int) *bundle {
+	t.Helper()
+	b := &bundle{db: db, reg: framework.NewRegistry()}
 	b.failAt.Store(-1)
 	b.appendAt.Store(-1)
 	b.foreignAt.Store(-1)
@@ -52,7 +59,11 @@ func setup(t *testing.T) *bundle {
 	users.Register(b.reg)
 	f := b.reg.Feature("test")
 	b.counted = framework.DefineEvent[counted](f, "counted", nil)
-	_, err := b.db.Pool.Exec(context.Background(), `
+	var exists bool
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT to_regclass('tally') IS NOT NULL`).Scan(&exists))
+	var err error
+	if !exists {
+		_, err = b.db.Pool.Exec(context.Background(), `
 		CREATE TABLE tally (tenant_id text NOT NULL, key text NOT NULL, total bigint NOT NULL, n int NOT NULL DEFAULT 0,
 		  PRIMARY KEY (tenant_id, key));
 		SELECT kumiko_enable_tenancy('tally');
@@ -60,9 +71,10 @@ func setup(t *testing.T) *bundle {
 		SELECT kumiko_enable_tenancy('sneaky');
 		CREATE TABLE elsewhere (tenant_id text NOT NULL, n int NOT NULL);
 		SELECT kumiko_enable_tenancy('elsewhere')`)
-	require.NoError(t, err)
+		require.NoError(t, err)
+	}
 
-	tally := framework.MultiStreamProjection(f, "tally", &framework.ProjectionOptions{Table: "tally", MaxAttempts: 2})
+	tally := framework.MultiStreamProjection(f, "tally", &framework.ProjectionOptions{Table: "tally", MaxAttempts: 2, Partitions: partitions})
 	framework.On(tally, b.counted, func(ctx context.Context, tx *framework.Tx, e framework.Event[counted]) error {
 		if int64(e.Payload.N) == b.failAt.Load() {
 			return fmt.Errorf("tally cannot count %d", e.Payload.N)
@@ -165,7 +177,8 @@ func (b *bundle) lag(t *testing.T, name string) int64 {
 	return b.int(t, `SELECT count(*) FROM events e, event_consumers c
 		WHERE c.name = $1 AND c.instance_id = '__shared__'
 		  AND (e.commit_key, e.position) > (c.cursor_commit_key, c.cursor_position)
-		  AND (c.event_types IS NULL OR e.type = ANY(c.event_types))`, name)
+		  AND (c.event_types IS NULL OR e.type = ANY(c.event_types))
+		  AND (c.partition_count = 1 OR kumiko_stream_partition(e.stream_id, c.partition_count) = c.partition_index)`, name)
 }
 
 func (b *bundle) oid(t *testing.T, table string) int64 {
@@ -717,4 +730,49 @@ func TestRebuildReplacesDeadLetters(t *testing.T) {
 	require.Equal(t, recount, table, "the rebuilt table holds every event")
 	require.Zero(t, b.int(t, `SELECT count(*) FROM event_dead_letters WHERE consumer LIKE 'test:tally%'`),
 		"the skipped event, applied by the rebuild, is still listed as a dead letter")
+}
+
+// A rebuild is the way to change the partitions of a projection whose
+// partitions do not line up (the dispatcher refuses to start it): the swap
+// replaces the stored rows with the declared partitions, each at the
+// rebuild's cursor, and no event is applied twice afterwards.
+func TestRebuildRepartitions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	old := setupOn(t, kumikotest.NewDB(t), 2)
+	d2 := old.live(t, "test:tally")
+	for i, key := range []string{"a", "b", "c", "d", "e", "f"} {
+		old.count(t, "t1", key, i*10, 5)
+	}
+	old.db.WaitVisible(t)
+	old.drain(t, d2, "test:tally@0") // partition 1 delivers nothing
+	require.NotZero(t, old.lag(t, "test:tally@1"))
+
+	b := setupOn(t, old.db, 3)
+	d3, err := dispatcher.New(b.db.Pool, b.reg, []dispatcher.Consumer{dispatcher.FromProjection(b.reg.Projection("test:tally"))},
+		&dispatcher.Config{InstanceID: "live"})
+	require.NoError(t, err)
+	require.ErrorIs(t, d3.Register(ctx), dispatcher.ErrLayout)
+
+	res, err := rebuild.Rebuild(ctx, b.db.Pool, b.reg, "test:tally", nil)
+	require.NoError(t, err)
+	require.EqualValues(t, 30, res.Events)
+	table, recount := b.tallyRows(t)
+	require.Equal(t, recount, table)
+	require.Zero(t, b.int(t, `SELECT count(*) FROM event_consumers WHERE name LIKE 'test:tally%' AND partition_count <> 3`))
+	require.EqualValues(t, 3, b.int(t, `SELECT count(*) FROM event_consumers
+		WHERE name IN ('test:tally@0', 'test:tally@1', 'test:tally@2') AND partition_count = 3
+		  AND (cursor_commit_key, cursor_position) = ($1::xid8, $2::bigint)`, res.Cursor.CommitKey, res.Cursor.Position))
+
+	// The newer code starts now, and goes on from the rebuild's cursor.
+	require.NoError(t, d3.Register(ctx))
+	for i, key := range []string{"a", "g", "h", "i"} {
+		b.count(t, "t1", key, 100+i*10, 3)
+	}
+	b.db.WaitVisible(t)
+	for i := range 3 {
+		b.drain(t, d3, dispatcher.PartitionName("test:tally", i))
+	}
+	table, recount = b.tallyRows(t)
+	require.Equal(t, recount, table)
 }
