@@ -231,9 +231,10 @@ type streamTotals struct {
 // streams of two tenants while two worker processes dispatch them. A
 // quarter of the writers take their transaction id early and commit late
 // (the case an id > cursor reader loses events in), some transactions roll
-// back. Afterwards the e2e:streams projection equals a recount from the
-// events table and the writers' own record, no stream saw a version out of
-// order, and e2e:tally holds every event once.
+// back. e2e:streams runs in partitions, so the two workers deliver its
+// streams in parallel. Afterwards the e2e:streams projection equals a
+// recount from the events table and the writers' own record, no stream saw
+// a version out of order, and e2e:tally holds every event once.
 func TestGaplessEndToEnd(t *testing.T) {
 	t.Parallel()
 	db, redisURL := setupE2E(t)
@@ -344,17 +345,23 @@ func TestGaplessEndToEnd(t *testing.T) {
 	require.EqualValues(t, total, queryInt(t, db.Pool, `SELECT count(*) FROM events WHERE type = 'e2e:event:ticked'`))
 	t.Logf("%d events committed by %d writers", total, writers)
 
-	// Wait until both projections' cursors stand on the log's last event
-	// (then nothing is left to deliver, whatever the counts say).
+	// Wait until no cursor of either projection (e2e:streams runs in
+	// partitions) has an event of its share of the log after it.
 	waitUntil(t, "the projections to reach the end of the log", procs, func() (bool, string) {
-		atEnd := queryInt(t, db.Pool, `SELECT count(*) FROM event_consumers c,
-  (SELECT commit_key, position FROM events ORDER BY commit_key DESC, position DESC LIMIT 1) last
-WHERE c.name IN ('e2e:streams', 'e2e:tally') AND c.instance_id = '__shared__'
-  AND (c.cursor_commit_key, c.cursor_position) = (last.commit_key, last.position)`)
+		var rows, behind int64
+		require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT count(*), count(*) FILTER (WHERE EXISTS (
+    SELECT 1 FROM events e WHERE (e.commit_key, e.position) > (c.cursor_commit_key, c.cursor_position)
+      AND (c.partition_count = 1 OR kumiko_stream_partition(e.stream_id, c.partition_count) = c.partition_index)))
+FROM event_consumers c
+WHERE (c.name = 'e2e:tally' OR c.name LIKE 'e2e:streams@%') AND c.instance_id = '__shared__'`).Scan(&rows, &behind))
 		p := queryInt(t, db.Pool, `SELECT coalesce(sum(events), 0) FROM e2e_streams`)
 		tl := queryInt(t, db.Pool, `SELECT count(*) FROM e2e_tally`)
-		return atEnd == 2, fmt.Sprintf("streams %d, tally %d of %d events; %d of 2 cursors at the end", p, tl, total, atEnd)
+		return rows == 1+e2e.StreamsPartitions && behind == 0,
+			fmt.Sprintf("streams %d, tally %d of %d events; %d of %d cursors behind", p, tl, total, behind, rows)
 	})
+	// Every partition of e2e:streams delivered a share.
+	require.EqualValues(t, e2e.StreamsPartitions, queryInt(t, db.Pool, `SELECT count(*) FROM event_consumers
+WHERE name LIKE 'e2e:streams@%' AND partition_count = $1 AND events_processed > 0`, e2e.StreamsPartitions))
 	require.EqualValues(t, total, queryInt(t, db.Pool, `SELECT count(*) FROM e2e_tally`), "every event delivered")
 
 	// The projection equals a recount from the events table, which equals

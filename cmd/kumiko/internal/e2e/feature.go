@@ -7,9 +7,9 @@
 //     no unique key, so a duplicate delivery shows as a second row;
 //   - e2e:local (per-instance) inserts (instance_id, position) per event
 //     in every process that runs it;
-//   - e2e:streams (shared) folds each stream into one row (event count,
-//     last version, sum of the payloads' sequence numbers) and counts
-//     versions that arrive out of order.
+//   - e2e:streams (shared, in four partitions) folds each stream into one
+//     row (event count, last version, sum of the payloads' sequence
+//     numbers) and counts versions that arrive out of order.
 package e2e
 
 import (
@@ -43,6 +43,9 @@ SELECT kumiko_enable_tenancy('e2e_streams');
 
 // StreamType is the aggregate type of the feature's streams.
 const StreamType = "ticker"
+
+// StreamsPartitions is the partition count of e2e:streams.
+const StreamsPartitions = 4
 
 // Options configure the feature in a process.
 type Options struct {
@@ -88,7 +91,7 @@ func Register(r *framework.Registry, opts Options) *Feature {
 		return err
 	})
 
-	streams := framework.MultiStreamProjection(f, "streams", &framework.ProjectionOptions{Table: "e2e_streams"})
+	streams := framework.MultiStreamProjection(f, "streams", &framework.ProjectionOptions{Table: "e2e_streams", Partitions: StreamsPartitions})
 	framework.On(streams, ft.Ticked, func(ctx context.Context, tx *framework.Tx, e framework.Event[Ticked]) error {
 		_, err := tx.Exec(ctx, `INSERT INTO e2e_streams AS s (tenant_id, stream_id, events, last_version, seq_sum, disorder)
 VALUES ($1, $2, 1, $3::bigint, $4::bigint, CASE WHEN $3::bigint = 1 THEN 0 ELSE 1 END)
