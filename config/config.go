@@ -136,6 +136,13 @@ type Config struct {
 	// Defaults to 500.
 	DispatcherBatchSize int
 
+	// DispatcherMaxConcurrentPasses bounds how many consumer passes run at
+	// once in the process (each holds a pool connection), read from
+	// KUMIKO_DISPATCHER_MAX_CONCURRENT_PASSES, between 1 and 256. Raise it
+	// for partitioned consumers, whose partitions run in parallel.
+	// Defaults to 2.
+	DispatcherMaxConcurrentPasses int
+
 	// DispatcherPollOnly makes the dispatcher poll instead of LISTENing,
 	// read from KUMIKO_DISPATCHER_POLL_ONLY (true, false, 1 or 0). Set it
 	// when a transaction-pooling PgBouncer sits in front of PostgreSQL.
@@ -189,6 +196,7 @@ const (
 	defaultRedisMaxRetries        = 3
 	defaultDispatcherPollInterval = 100 * time.Millisecond
 	defaultDispatcherBatchSize    = 500
+	defaultDispatcherPasses       = 2
 	defaultDrainTimeout           = 30000 * time.Millisecond
 	defaultIdempotencyTTL         = 24 * time.Hour
 	defaultReplicaWait            = 500 * time.Millisecond
@@ -196,6 +204,7 @@ const (
 
 	maxDatabasePoolMax     = 1000
 	maxDispatcherBatchSize = 10000
+	maxDispatcherPasses    = 256
 	// maxRedisCommandTimeout bounds the command timeout: go-redis waits for
 	// a pooled connection for it plus 1 s, which must not overflow.
 	maxRedisCommandTimeout = 24 * time.Hour
@@ -261,6 +270,7 @@ func FromLookup(lookup func(string) (string, bool)) (*Config, error) {
 	c.JWTKeys = l.jwtKeys("JWT_SECRET", c.Mode != ModeWorker)
 	c.DispatcherPollInterval = l.millis("KUMIKO_DISPATCHER_POLL_INTERVAL_MS", defaultDispatcherPollInterval, false, maxDispatcherPollInterval)
 	c.DispatcherBatchSize = l.intRange("KUMIKO_DISPATCHER_BATCH_SIZE", defaultDispatcherBatchSize, 1, maxDispatcherBatchSize)
+	c.DispatcherMaxConcurrentPasses = l.intRange("KUMIKO_DISPATCHER_MAX_CONCURRENT_PASSES", defaultDispatcherPasses, 1, maxDispatcherPasses)
 	c.DispatcherPollOnly = l.boolean("KUMIKO_DISPATCHER_POLL_ONLY")
 	c.DrainTimeout = l.millis("KUMIKO_DRAIN_TIMEOUT_MS", defaultDrainTimeout, false, 0)
 	c.IdempotencyTTL = l.idempotencyTTL("KUMIKO_IDEMPOTENCY_TTL")

@@ -194,6 +194,8 @@ func New(ctx context.Context, opts Options) (_ *App, err error) {
 			PollOnly:     cfg.DispatcherPollOnly,
 			BatchSize:    cfg.DispatcherBatchSize,
 			Metrics:      a.metrics,
+			// 0 (a Config built in code) is the dispatcher's default.
+			MaxConcurrentPasses: cfg.DispatcherMaxConcurrentPasses,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("entrypoint: %w", err)
