@@ -43,6 +43,7 @@
 //	JWT_SECRET                          required unless worker     JWTKeys, see [ParseJWTKeys]
 //	KUMIKO_DISPATCHER_POLL_INTERVAL_MS  100                        DispatcherPollInterval, 1..86400000 (a day)
 //	KUMIKO_DISPATCHER_BATCH_SIZE        500                        DispatcherBatchSize, 1..10000
+//	KUMIKO_DISPATCHER_MAX_CONCURRENT_PASSES 2                      DispatcherMaxConcurrentPasses, 1..256
 //	KUMIKO_DISPATCHER_POLL_ONLY         false                      DispatcherPollOnly (behind a transaction-pooling PgBouncer)
 //	KUMIKO_DRAIN_TIMEOUT_MS             30000                      DrainTimeout
 //	KUMIKO_IDEMPOTENCY_TTL              24h                        IdempotencyTTL (Go duration), >= 30s
