@@ -230,7 +230,7 @@ func Status(ctx context.Context, pool *pgxpool.Pool, name, instance string) (Con
 		return ConsumerStatus{}, fmt.Errorf("dispatcher: consumer status: %w", err)
 	}
 	if len(rows) == 0 {
-		return ConsumerStatus{}, notFound(name, instance)
+		return ConsumerStatus{}, notFound(ctx, pool, name, instance)
 	}
 	st := rows[0]
 	dl, err := pool.Query(ctx, deadLettersSQL, name, instance, StatusDeadLetters)
@@ -270,7 +270,20 @@ func queryStatus(ctx context.Context, pool *pgxpool.Pool, name *string, instance
 	})
 }
 
-func notFound(name, instance string) error {
+// partitionCountSQL counts the partition rows of a consumer named $1.
+const partitionCountSQL = `SELECT count(*) FROM event_consumers
+WHERE instance_id = $2 AND starts_with(name, $1 || '@') AND substr(name, length($1) + 2) ~ '^[0-9]+$'`
+
+// notFound is the error for a missing state row; when the name is that of
+// a partitioned consumer, it names the partitions' rows instead.
+func notFound(ctx context.Context, db interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, name, instance string) error {
+	var parts int
+	if err := db.QueryRow(ctx, partitionCountSQL, name, instance).Scan(&parts); err == nil && parts > 0 {
+		return &opError{msg: fmt.Sprintf("consumer %s is partitioned: name one of its %d partitions, %s to %s",
+			label(name, instance), parts, PartitionName(name, 0), PartitionName(name, parts-1)), kind: ErrConsumerNotFound}
+	}
 	return &opError{msg: fmt.Sprintf("consumer %s not found", label(name, instance)), kind: ErrConsumerNotFound}
 }
 
@@ -315,7 +328,7 @@ func withConsumer(ctx context.Context, pool *pgxpool.Pool, verb, name, instance 
 		err := tx.QueryRow(ctx, opsRowSQL, name, instance).Scan(&status, &row.cursor.CommitKey, &row.cursor.Position,
 			&row.eventTypes, &row.failedPosition, &row.lastError, &row.partIndex, &row.partCount)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return notFound(name, instance)
+			return notFound(ctx, tx, name, instance)
 		}
 		if err != nil {
 			return err

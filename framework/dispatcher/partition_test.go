@@ -291,6 +291,12 @@ func TestSkipAndLagOfAPartition(t *testing.T) {
 	require.Zero(t, st.Lag)
 	require.Equal(t, 0, st.Partition)
 	_ = d
+	// The consumer's own name has no row; the verbs say which rows it has.
+	_, err = dispatcher.Status(context.Background(), b.db.Pool, "test:p", "")
+	require.ErrorIs(t, err, dispatcher.ErrConsumerNotFound)
+	require.EqualError(t, err, "consumer test:p is partitioned: name one of its 2 partitions, test:p@0 to test:p@1")
+	_, err = dispatcher.Skip(context.Background(), b.db.Pool, "test:p", "")
+	require.EqualError(t, err, "consumer test:p is partitioned: name one of its 2 partitions, test:p@0 to test:p@1")
 }
 
 func TestBadPartitionsAreRefused(t *testing.T) {
