@@ -68,7 +68,7 @@ type LayoutError struct {
 func (e *LayoutError) Error() string {
 	return fmt.Sprintf("consumer %s: its state rows have %d partition(s), the code declares %d, "+
 		"and %s still have events to deliver before the furthest cursor among them; "+
-		"a projection with a table can be rebuilt (kumiko projections rebuild %s), which starts every new "+
+		"a projection with a table can be rebuilt (kumiko projection rebuild %s), which starts every new "+
 		"partition at the rebuild's cursor; otherwise run the code with %d partition(s) until those have caught up",
 		label(e.Consumer, e.Instance), e.Stored, e.Declared, strings.Join(e.Behind, ", "), e.Consumer, e.Stored)
 }

@@ -229,7 +229,7 @@ func TestRepartitioningWaitsForPartitionsToLineUp(t *testing.T) {
 	require.True(t, errors.As(err, &le))
 	require.Equal(t, []string{"test:p@1"}, le.Behind)
 	require.Contains(t, err.Error(), "consumer test:p: its state rows have 2 partition(s), the code declares 3")
-	require.Contains(t, err.Error(), "kumiko projections rebuild test:p")
+	require.Contains(t, err.Error(), "kumiko projection rebuild test:p")
 	require.False(t, three.Registered())
 	require.Equal(t, 2, count(t, b, `SELECT count(*) FROM event_consumers WHERE name LIKE 'test:p@%' AND partition_count = 2`), "nothing changed")
 
