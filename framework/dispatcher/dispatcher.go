@@ -299,7 +299,8 @@ RETURNING cursor_commit_key, cursor_position, status`
 // A consumer whose Partitions changed since its rows were stored gets new
 // rows at the furthest stored cursor, when the stored rows line up: none of
 // them has an event left to deliver before it (one cursor, as an
-// unpartitioned consumer has, always lines up). Otherwise Register fails
+// unpartitioned consumer has, always lines up); the stored rows' dead
+// letters go to the new partition of their event's stream. Otherwise Register fails
 // with a *[LayoutError] and changes nothing.
 func (d *Dispatcher) Register(ctx context.Context) error {
 	tx, err := d.pool.Begin(ctx)

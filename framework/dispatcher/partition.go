@@ -102,6 +102,13 @@ WHERE c.name = ANY($1) AND c.instance_id = $2 AND EXISTS (
     AND (c.event_types IS NULL OR e.type = ANY(c.event_types))
     AND (c.partition_count = 1 OR kumiko_stream_partition(e.stream_id, c.partition_count) = c.partition_index))
 ORDER BY c.name`
+	// convertDeadLettersSQL gives the dead letters of the replaced rows
+	// ($2, of instance $4) to the new row of the event's stream among $3
+	// partitions of $1 (the first one when the event is gone), as a
+	// rebuild's swap does: the replaced rows' names no longer exist.
+	convertDeadLettersSQL = `UPDATE event_dead_letters dl SET consumer = CASE WHEN $3::int <= 1 THEN $1
+  ELSE $1 || '@' || coalesce((SELECT kumiko_stream_partition(e.stream_id, $3) FROM events e WHERE e.position = dl.position), 0)::text END
+WHERE dl.consumer = ANY($2) AND dl.instance_id = $4`
 	convertInsertSQL = `INSERT INTO event_consumers (name, instance_id, event_types, cursor_commit_key, cursor_position,
   status, events_processed, partition_index, partition_count)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`
@@ -217,6 +224,7 @@ func (d *Dispatcher) convert(ctx context.Context, tx pgx.Tx, l layout, rows []st
 		b.Queue(convertInsertSQL, name, l.instance, cons.EventTypes, furthest.CommitKey, furthest.Position,
 			status, n, i, l.partitions)
 	}
+	b.Queue(convertDeadLettersSQL, l.base, old, l.partitions, l.instance)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("consumer %s: convert partitions: %w", l.base, err)
 	}

@@ -317,3 +317,47 @@ func TestBadPartitionsAreRefused(t *testing.T) {
 	require.ErrorContains(t, err, "consumer name x@3 ends like a partition's state row")
 	require.ErrorContains(t, err, "consumer y: partitions -2 is not between 1 and 64")
 }
+
+// Changing the partitions hands the stored rows' dead letters to the new
+// partition of each event's stream, as a rebuild does: the old row names
+// are gone, and an operator looks a partition's dead letters up by its
+// row's name.
+func TestRepartitioningKeepsDeadLetters(t *testing.T) {
+	t.Parallel()
+	const poison = "1"
+	b := setupOrdered(t, func(b *bundle) {
+		ordered(b, "p", &framework.ProjectionOptions{SkipApplyErrors: true}, func(_ context.Context, e framework.Event[noted]) error {
+			if e.Stream.ID == poison {
+				return errors.New("poison")
+			}
+			return nil
+		})
+	})
+	one := newDispatcher(t, b, nil)
+	b.write(t, "t1", 0, 6, 3)
+	b.db.WaitVisible(t)
+	for {
+		n, err := one.RunOnce(context.Background(), "test:p")
+		require.NoError(t, err)
+		if n == 0 && count(t, b, `SELECT count(*) FROM event_dead_letters`) == 2 {
+			break
+		}
+	}
+
+	for _, partitions := range []int{3, 2, 1} {
+		reg := redeclare(b, partitions)
+		d, err := dispatcher.New(b.db.Pool, reg, dispatcher.ProjectionConsumers(reg, nil), &dispatcher.Config{InstanceID: "new"})
+		require.NoError(t, err)
+		require.NoError(t, d.Register(context.Background()))
+		name := "test:p"
+		if partitions > 1 {
+			var k int
+			require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT kumiko_stream_partition($1, $2)`, poison, partitions).Scan(&k))
+			name = dispatcher.PartitionName("test:p", k)
+		}
+		st, err := dispatcher.Status(context.Background(), b.db.Pool, name, "")
+		require.NoError(t, err)
+		require.Len(t, st.DeadLetters, 2, "the dead letters of %d partitions", partitions)
+		require.Equal(t, 2, count(t, b, `SELECT count(*) FROM event_dead_letters WHERE consumer = $1`, name), "no dead letter left under a removed row")
+	}
+}
