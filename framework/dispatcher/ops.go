@@ -494,8 +494,12 @@ const (
 	rewindPositionSQL = `SELECT commit_key FROM events WHERE position = $1`
 	rewindTimeSQL     = `SELECT commit_key, position FROM events WHERE created_at >= $1
 ORDER BY commit_key, position LIMIT 1`
+	// rewindBetweenSQL looks for an event the consumer reads (of its types
+	// $5 and its partition $6 of $7) between its cursor and the target.
 	rewindBetweenSQL = `SELECT EXISTS (SELECT 1 FROM events
-  WHERE (commit_key, position) > ($1::xid8, $2::bigint) AND (commit_key, position) <= ($3::xid8, $4::bigint))`
+  WHERE (commit_key, position) > ($1::xid8, $2::bigint) AND (commit_key, position) <= ($3::xid8, $4::bigint)
+    AND ($5::text[] IS NULL OR type = ANY($5))
+    AND ($7::int = 1 OR kumiko_stream_partition(stream_id, $7) = $6))`
 	rewindUpdateSQL = `UPDATE event_consumers SET cursor_commit_key = $3, cursor_position = $4,
   status = CASE WHEN status = 'dead' THEN 'idle' ELSE status END,
   attempts = 0, failed_position = NULL, last_error = NULL, next_attempt_at = NULL,
@@ -509,7 +513,8 @@ WHERE name = $1 AND instance_id = $2`
 // A dead consumer turns idle with its failure record cleared; a disabled
 // one stays disabled. A target that no event separates from the cursor
 // (the current cursor, or the first event for a consumer at the start)
-// leaves the cursor where it is. An empty instance means [SharedInstance]. It returns
+// leaves the cursor where it is; only events of the consumer's types and
+// partition count. An empty instance means [SharedInstance]. It returns
 // [ErrEventNotFound] (wrapped) when no event has the position or none was
 // created at or after the time; [ErrRewindForward] (wrapped) when the
 // target lies after the cursor; [ErrConsumerNotFound] (wrapped) for an
@@ -547,11 +552,13 @@ func Rewind(ctx context.Context, pool *pgxpool.Pool, name, instance string, to R
 			target.Position = to.Position - 1
 		}
 		if row.cursor.Less(target) {
-			// Nothing lies between the cursor and the target (e.g. a
-			// consumer at the start rewound to the first event): the cursor
-			// is already there, and stays.
+			// Nothing the consumer reads lies between the cursor and the
+			// target (e.g. a consumer at the start rewound to the first
+			// event, or a partition whose next event lies after the
+			// target): the cursor is already there, and stays.
 			var between bool
-			if err := tx.QueryRow(ctx, rewindBetweenSQL, row.cursor.CommitKey, row.cursor.Position, target.CommitKey, target.Position).Scan(&between); err != nil {
+			if err := tx.QueryRow(ctx, rewindBetweenSQL, row.cursor.CommitKey, row.cursor.Position, target.CommitKey, target.Position,
+				row.eventTypes, row.partIndex, row.partCount).Scan(&between); err != nil {
 				return err
 			}
 			if !between {

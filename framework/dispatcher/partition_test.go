@@ -361,3 +361,61 @@ func TestRepartitioningKeepsDeadLetters(t *testing.T) {
 		require.Equal(t, 2, count(t, b, `SELECT count(*) FROM event_dead_letters WHERE consumer = $1`, name), "no dead letter left under a removed row")
 	}
 }
+
+// Rewinding every partition to the same event: a partition whose cursor
+// is before the target, with only other partitions' events in between,
+// has nothing of its own to replay there, so its cursor stays (the target
+// is not "forward" for it), as for a consumer at the start.
+func TestRewindAPartitionPastOtherPartitionsEvents(t *testing.T) {
+	t.Parallel()
+	b := setupOrdered(t, func(b *bundle) { ordered(b, "p", &framework.ProjectionOptions{Partitions: 2}, nil) })
+	d := newDispatcher(t, b, nil)
+	s0, s1 := streamInPartition(t, b, 0, 2), streamInPartition(t, b, 1, 2)
+	var positions []int64
+	for i, s := range []string{s1, s0, s0, s0} {
+		_, err := b.rt.InTx(context.Background(), "t1", framework.Metadata{}, func(ctx context.Context, tx *framework.Tx) error {
+			return tx.Append(framework.Stream{Type: "s", ID: s}, framework.AnyVersion, b.noted.With(noted{N: i}))
+		})
+		require.NoError(t, err)
+	}
+	require.NoError(t, positionsInOrder(b, &positions))
+	b.db.WaitVisible(t)
+	drain(t, d, "test:p@0", 3)
+	drain(t, d, "test:p@1", 1)
+
+	ctx := context.Background()
+	to := dispatcher.RewindTo{Position: positions[2]}
+	res0, err := dispatcher.Rewind(ctx, b.db.Pool, "test:p@0", "", to)
+	require.NoError(t, err)
+	require.NotEqual(t, res0.From, res0.To)
+	res1, err := dispatcher.Rewind(ctx, b.db.Pool, "test:p@1", "", to)
+	require.NoError(t, err, "partition 1 has no event between its cursor and the target")
+	require.Equal(t, res1.From, res1.To)
+	drain(t, d, "test:p@0", 2)
+	n, err := d.RunOnce(ctx, "test:p@1")
+	require.NoError(t, err)
+	require.Zero(t, n)
+
+	// A partition with an event of its own between stays refused.
+	_, err = dispatcher.Rewind(ctx, b.db.Pool, "test:p@1", "", dispatcher.RewindTo{Position: positions[0]})
+	require.NoError(t, err)
+	_, err = dispatcher.Rewind(ctx, b.db.Pool, "test:p@1", "", to)
+	require.ErrorIs(t, err, dispatcher.ErrRewindForward)
+}
+
+// positionsInOrder reads the events' positions in delivery order.
+func positionsInOrder(b *bundle, out *[]int64) error {
+	rows, err := b.db.Pool.Query(context.Background(), `SELECT position FROM events ORDER BY commit_key, position`)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var p int64
+		if err := rows.Scan(&p); err != nil {
+			return err
+		}
+		*out = append(*out, p)
+	}
+	return rows.Err()
+}
