@@ -182,8 +182,18 @@ func (d *Dispatcher) convert(ctx context.Context, tx pgx.Tx, l layout, rows []st
 		return err
 	}
 	rows = fresh[l.base]
-	if len(rows) == 0 {
-		return nil
+	if !slices.ContainsFunc(rows, func(r storedRow) bool { return !l.fits(r) }) {
+		return nil // replaced meanwhile with l's rows (a rebuild's swap)
+	}
+	for _, r := range rows {
+		if _, held := slices.BinarySearch(old, r.name); !held {
+			// Replaced meanwhile (a rebuild's swap, which does not take
+			// the registration lock) with rows whose passes this does not
+			// hold: one may be in flight, and would commit against the
+			// converted rows. The next attempt locks them.
+			return fmt.Errorf("consumer %s: state row %s appeared while registration waited for the stored rows' passes; try again",
+				label(l.base, l.instance), r.name)
+		}
 	}
 	furthest := rows[0].cursor
 	disabled := true

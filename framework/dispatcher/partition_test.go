@@ -419,3 +419,97 @@ func positionsInOrder(b *bundle, out *[]int64) error {
 	}
 	return rows.Err()
 }
+
+// Register's conversion waits for the passes of the rows it read; when the
+// rows were replaced meanwhile (a rebuild's swap writes the partitions its
+// code declares, without Register's lock), it must not convert rows whose
+// passes it does not hold: a pass of such a row in flight would commit its
+// events and move a cursor of the new layout. It gives up the attempt
+// instead, and the next one waits for that pass.
+func TestRegisterDoesNotConvertRowsReplacedWhileItWaited(t *testing.T) {
+	t.Parallel()
+	b := setupOrdered(t, func(b *bundle) { ordered(b, "p", nil, nil) })
+	newDispatcher(t, b, nil)
+	ctx := context.Background()
+	// A stream in partition 0 of 2 and not in partition 0 of 3.
+	stream := ""
+	for s := range 1000 {
+		var p2, p3 int
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT kumiko_stream_partition($1, 2), kumiko_stream_partition($1, 3)`, fmt.Sprint(s)).Scan(&p2, &p3))
+		if p2 == 0 && p3 != 0 {
+			stream = fmt.Sprint(s)
+			break
+		}
+	}
+	require.NotEmpty(t, stream)
+	_, err := b.rt.InTx(ctx, "t1", framework.Metadata{}, func(ctx context.Context, tx *framework.Tx) error {
+		return tx.Append(framework.Stream{Type: "s", ID: stream}, framework.AnyVersion, b.noted.With(noted{N: 1}))
+	})
+	require.NoError(t, err)
+	b.db.WaitVisible(t)
+
+	// The swap's pass lock of the stored row.
+	holder, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(ctx) }()
+	_, err = holder.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, dispatcher.LockKey("test:p", dispatcher.SharedInstance))
+	require.NoError(t, err)
+
+	reg3 := redeclare(b, 3)
+	three, err := dispatcher.New(b.db.Pool, reg3, dispatcher.ProjectionConsumers(reg3, nil), &dispatcher.Config{InstanceID: "three"})
+	require.NoError(t, err)
+	registered := make(chan error, 1)
+	go func() { registered <- three.Register(ctx) }()
+	require.Eventually(t, func() bool {
+		return count(t, b, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`) > 0
+	}, 10*time.Second, 5*time.Millisecond, "Register waits for the stored row's pass")
+
+	// The swap replaces the row with two partitions at its cursor.
+	_, err = b.db.Pool.Exec(ctx, `WITH old AS (DELETE FROM event_consumers WHERE name = 'test:p' RETURNING *)
+		INSERT INTO event_consumers (name, instance_id, event_types, cursor_commit_key, cursor_position, partition_index, partition_count)
+		SELECT 'test:p@' || i, instance_id, event_types, cursor_commit_key, cursor_position, i, 2 FROM old, generate_series(0, 1) i`)
+	require.NoError(t, err)
+	// A process declaring two partitions starts a pass of partition 0.
+	entered, release := make(chan struct{}), make(chan struct{})
+	reg2 := framework.NewRegistry()
+	f2 := reg2.Feature("test")
+	ev2 := framework.DefineEvent[noted](f2, "noted", nil)
+	saved, savedEv := b.f, b.noted
+	b.f, b.noted = f2, ev2
+	ordered(b, "p", &framework.ProjectionOptions{Partitions: 2}, func(context.Context, framework.Event[noted]) error {
+		close(entered)
+		<-release
+		return nil
+	})
+	b.f, b.noted = saved, savedEv
+	two, err := dispatcher.New(b.db.Pool, reg2, dispatcher.ProjectionConsumers(reg2, nil), &dispatcher.Config{InstanceID: "two"})
+	require.NoError(t, err)
+	passed := make(chan error, 1)
+	go func() {
+		_, err := two.RunOnce(ctx, "test:p@0")
+		passed <- err
+	}()
+	<-entered
+	// The swap commits; Register goes on while the pass is in flight.
+	require.NoError(t, holder.Rollback(ctx))
+	select {
+	case err := <-registered:
+		require.Error(t, err, "Register converted rows whose pass it did not hold")
+		require.NotErrorIs(t, err, dispatcher.ErrLayout)
+	case <-time.After(2 * time.Second):
+		// Waiting for the pass is right too.
+	}
+	close(release)
+	require.NoError(t, <-passed)
+	require.NoError(t, three.Register(ctx))
+	for i := range 3 {
+		for {
+			n, err := three.RunOnce(ctx, dispatcher.PartitionName("test:p", i))
+			require.NoError(t, err)
+			if n == 0 {
+				break
+			}
+		}
+	}
+	requireExactlyOnceInStreamOrder(t, b, "p", 1)
+}
