@@ -114,8 +114,12 @@ WHERE dl.consumer = ANY($2) AND dl.instance_id = $4`
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`
 )
 
-// layoutKey is the key of a consumer's registration lock.
-func layoutKey(base, instance string) string { return LockKey(base+"@layout", instance) }
+// LayoutLockKey is the key of the transaction advisory lock (hashed with
+// hashtextextended) that serialises changes to the set of state rows of
+// the consumer declared as name: [Dispatcher.Register] holds it while it
+// converts them, a rebuild's swap while it replaces them. Take it before
+// any pass lock ([LockKey]) of the consumer's rows.
+func LayoutLockKey(name, instance string) string { return LockKey(name+"@layout", instance) }
 
 // lineUp converts, in tx, the stored state rows of every declared consumer
 // whose partitioning changed, after taking each consumer's registration
@@ -131,13 +135,13 @@ func (d *Dispatcher) lineUp(ctx context.Context, tx pgx.Tx) error {
 		declared = append(declared, l)
 	}
 	slices.SortFunc(declared, func(a, b layout) int {
-		return strings.Compare(layoutKey(a.base, a.instance), layoutKey(b.base, b.instance))
+		return strings.Compare(LayoutLockKey(a.base, a.instance), LayoutLockKey(b.base, b.instance))
 	})
 	bases, insts := make([]string, len(declared)), make([]string, len(declared))
 	b := &pgx.Batch{}
 	for i, l := range declared {
 		bases[i], insts[i] = l.base, l.instance
-		b.Queue(layoutLockSQL, layoutKey(l.base, l.instance))
+		b.Queue(layoutLockSQL, LayoutLockKey(l.base, l.instance))
 	}
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("lock consumer registration: %w", err)

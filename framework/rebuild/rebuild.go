@@ -696,11 +696,16 @@ func (r *run) swapOnce(ctx context.Context, d *dispatcher.Dispatcher) (*Result, 
 	if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1, true)`, timeout); err != nil {
 		return nil, fmt.Errorf("rebuild: swap: %w", err)
 	}
-	// The dispatcher's pass locks of the live consumer's state rows, those
-	// stored and those its partitioning declares now: no live pass runs (or
-	// is in flight) until this transaction ends. Taken in name order, as
-	// the dispatcher's registration takes them.
+	// First the registration lock: no dispatcher converts the rows while
+	// the swap replaces them (the dispatcher takes it first too).
 	partitions := max(r.p.Options().Partitions, 1)
+	if _, err := tx.Exec(ctx, passLockSQL, dispatcher.LayoutLockKey(r.p.Name(), dispatcher.SharedInstance)); err != nil {
+		return nil, fmt.Errorf("rebuild: swap: lock live consumer: %w", err)
+	}
+	// Then the dispatcher's pass locks of the live consumer's state rows,
+	// those stored and those its partitioning declares now: no live pass
+	// runs (or is in flight) until this transaction ends. Taken in name
+	// order, as the dispatcher's registration takes them.
 	declared := dispatcher.RowNames(r.p.Name(), partitions)
 	stored, _, err := dispatcher.StoredRows(ctx, tx, r.p.Name(), dispatcher.SharedInstance, false)
 	if err != nil {
