@@ -200,14 +200,16 @@ func (d *Dispatcher) convert(ctx context.Context, tx pgx.Tx, l layout, rows []st
 		}
 	}
 	furthest := rows[0].cursor
-	disabled := true
+	// A partition an operator disabled keeps the consumer paused: every
+	// new row starts disabled (enable them when ready).
+	disabled := false
 	var processed int64
 	old = old[:0]
 	for _, r := range rows {
 		if furthest.Less(r.cursor) {
 			furthest = r.cursor
 		}
-		disabled = disabled && r.status == "disabled"
+		disabled = disabled || r.status == "disabled"
 		processed += r.processed
 		old = append(old, r.name)
 	}

@@ -513,3 +513,17 @@ func TestRegisterDoesNotConvertRowsReplacedWhileItWaited(t *testing.T) {
 	}
 	requireExactlyOnceInStreamOrder(t, b, "p", 1)
 }
+
+// A partition an operator disabled keeps the consumer paused through a
+// change of the partition count: every new row starts disabled.
+func TestRepartitioningKeepsADisabledPartitionPaused(t *testing.T) {
+	t.Parallel()
+	b := setupOrdered(t, func(b *bundle) { ordered(b, "p", &framework.ProjectionOptions{Partitions: 2}, nil) })
+	newDispatcher(t, b, nil) // registers both rows at the start of the log: they line up
+	require.NoError(t, dispatcher.Disable(context.Background(), b.db.Pool, "test:p@1", ""))
+	reg := redeclare(b, 3)
+	three, err := dispatcher.New(b.db.Pool, reg, dispatcher.ProjectionConsumers(reg, nil), &dispatcher.Config{InstanceID: "new"})
+	require.NoError(t, err)
+	require.NoError(t, three.Register(context.Background()))
+	require.Equal(t, 3, count(t, b, `SELECT count(*) FROM event_consumers WHERE name LIKE 'test:p@%' AND partition_count = 3 AND status = 'disabled'`))
+}

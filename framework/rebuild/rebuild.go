@@ -743,13 +743,14 @@ func (r *run) swapOnce(ctx context.Context, d *dispatcher.Dispatcher) (*Result, 
 	}
 	b.Queue(`DROP SCHEMA ` + pgx.Identifier{r.schema}.Sanitize())
 	// The live rows start at the rebuild's cursor, in the partitioning
-	// declared now; a live consumer an operator disabled stays disabled.
+	// declared now; a live consumer an operator disabled (any of its rows)
+	// stays disabled.
 	stored, statuses, err := dispatcher.StoredRows(ctx, tx, r.p.Name(), dispatcher.SharedInstance, true)
 	if err != nil {
 		return nil, fmt.Errorf("rebuild: swap: %w", err)
 	}
 	status := "idle"
-	if len(statuses) > 0 && !slices.ContainsFunc(statuses, func(s string) bool { return s != "disabled" }) {
+	if slices.Contains(statuses, "disabled") {
 		status = "disabled"
 	}
 	b.Queue(`DELETE FROM event_consumers WHERE name = ANY($1) AND instance_id = $2`, stored, dispatcher.SharedInstance)
