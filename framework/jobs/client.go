@@ -135,7 +135,7 @@ func (c *Client) Dispatch(ctx context.Context, name string, payload any, opts *D
 	switch {
 	case err != nil:
 		return "", &framework.Error{Code: framework.CodeUnavailable, Message: "job queue unavailable", Err: err}
-	case dup:
+	case dup != takenNone:
 		return id, fmt.Errorf("%w: %s", ErrDuplicate, id)
 	}
 	return id, nil
@@ -175,14 +175,28 @@ func (s *Set) DispatchTx(ctx context.Context, tx *framework.Tx, name string, pay
 	return tx.Append(stream, framework.NoStream, ev.With(Dispatched{Job: name, Payload: raw, Key: opts.Key}))
 }
 
+// taken says why an enqueue added no run.
+type taken int
+
+const (
+	// takenNone: the run was enqueued.
+	takenNone taken = iota
+	// takenID: a run with the task id exists (waiting, running, retained
+	// after it finished, or archived): this very run was enqueued before.
+	takenID
+	// takenUnique: another run of the job with the same tenant and payload
+	// holds the job's Unique window.
+	takenUnique
+)
+
 // enqueue puts one run on its lane's queue under taskID. dup reports that
-// the id (or the job's Unique window) was taken, which is not an error:
-// the run exists. Redis failures are *EnqueueError. dedup retains the
+// nothing was added because the id or the job's Unique window was taken,
+// and which; that is not an error: the run exists. Redis failures are *EnqueueError. dedup retains the
 // completed run for the dedup window, keeping its id taken.
-func (c *Client) enqueue(ctx context.Context, j *Job, w *wire, taskID string, headers map[string]string, dedup bool) (dup bool, err error) {
+func (c *Client) enqueue(ctx context.Context, j *Job, w *wire, taskID string, headers map[string]string, dedup bool) (dup taken, err error) {
 	task, err := newTask(j, w, headers)
 	if err != nil {
-		return false, fmt.Errorf("jobs: %s: %w", j.name, err)
+		return takenNone, fmt.Errorf("jobs: %s: %w", j.name, err)
 	}
 	queue := QueueName(c.prefix, j.opts.RunIn, j.opts.Priority)
 	opts := []asynq.Option{
@@ -209,19 +223,21 @@ func (c *Client) enqueue(ctx context.Context, j *Job, w *wire, taskID string, he
 		// is a duplicate before the lock is touched.
 		n, err := c.rdb.Exists(ctx, taskKey(queue, taskID)).Result()
 		if err != nil {
-			return false, &EnqueueError{Job: j.name, Err: err}
+			return takenNone, &EnqueueError{Job: j.name, Err: err}
 		}
 		if n > 0 {
-			return true, nil
+			return takenID, nil
 		}
 	}
 	_, err = c.aq.EnqueueContext(ctx, task, opts...)
 	switch {
-	case errors.Is(err, asynq.ErrTaskIDConflict), errors.Is(err, asynq.ErrDuplicateTask):
-		return true, nil
+	case errors.Is(err, asynq.ErrTaskIDConflict):
+		return takenID, nil
+	case errors.Is(err, asynq.ErrDuplicateTask):
+		return takenUnique, nil
 	case err != nil:
-		return false, &EnqueueError{Job: j.name, Err: err}
+		return takenNone, &EnqueueError{Job: j.name, Err: err}
 	}
 	c.metrics.enqueued.WithLabelValues(string(j.opts.RunIn), j.name).Inc()
-	return false, nil
+	return takenNone, nil
 }

@@ -206,7 +206,7 @@ func (r *Runner) fireTick(ctx context.Context, j *Job, tick time.Time) {
 		dup, err := r.client.enqueue(ctx, j, w, id, hdr, true)
 		if err == nil {
 			msg := "cron tick enqueued"
-			if dup {
+			if dup != takenNone {
 				msg = "cron tick already enqueued"
 			}
 			r.log.Debug(msg, "job", j.name, "task_id", id, "tick", tick.Unix())
