@@ -114,8 +114,18 @@ type Client struct {
 // *framework.ValidationError and nothing is enqueued. An unknown job is
 // [ErrUnknownJob]; an equal run that already exists is [ErrDuplicate]; an
 // unreachable Redis is a framework.CodeUnavailable *framework.Error wrapping
-// an [*EnqueueError].
+// an [*EnqueueError]. Without a Key every call is a new run; from inside a
+// job use [Context.Dispatch], which makes a retried run's dispatches
+// duplicates of its earlier attempt's.
 func (c *Client) Dispatch(ctx context.Context, name string, payload any, opts *DispatchOptions) (string, error) {
+	return c.dispatch(ctx, name, payload, opts, "")
+}
+
+// dispatch is [Client.Dispatch]; childID, when not "" and opts has no Key,
+// is the run's task id derived by [Context.Dispatch]. The id being taken
+// then means this very dispatch was enqueued by an earlier attempt of the
+// dispatching run: it returns the id and no error.
+func (c *Client) dispatch(ctx context.Context, name string, payload any, opts *DispatchOptions, childID string) (string, error) {
 	if opts == nil {
 		opts = &DispatchOptions{}
 	}
@@ -124,17 +134,22 @@ func (c *Client) Dispatch(ctx context.Context, name string, payload any, opts *D
 		return "", err
 	}
 	tenant := cmp.Or(opts.TenantID, framework.SystemTenantID)
-	id := name + "@" + uuid.Must(uuid.NewV7()).String()
-	if opts.Key != "" {
-		id = keyTaskID(name, tenant, opts.Key)
+	id, derived := name+"@"+uuid.Must(uuid.NewV7()).String(), false
+	switch {
+	case opts.Key != "":
+		id, derived = keyTaskID(name, tenant, opts.Key), true
+	case childID != "":
+		id, derived = childID, true
 	}
 	// Without ids the run's correlation id is its task id (see the
 	// handler); no headers keep the task small.
 	hdr := map[string]string{headerCorrelation: opts.CorrelationID, headerCausation: opts.CausationID}
-	dup, err := c.enqueue(ctx, j, &wire{Tenant: tenant, Payload: raw}, id, hdr, opts.Key != "")
+	dup, err := c.enqueue(ctx, j, &wire{Tenant: tenant, Payload: raw}, id, hdr, derived)
 	switch {
 	case err != nil:
 		return "", &framework.Error{Code: framework.CodeUnavailable, Message: "job queue unavailable", Err: err}
+	case dup == takenID && opts.Key == "" && childID != "":
+		return id, nil
 	case dup != takenNone:
 		return id, fmt.Errorf("%w: %s", ErrDuplicate, id)
 	}

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"sync"
 
 	"github.com/kumiko-go/kumiko/framework"
 )
@@ -35,8 +36,28 @@ type Context struct {
 	// MaxRetry is the job's retry limit.
 	MaxRetry int
 
-	rt     *framework.Runtime
-	client *Client
+	rt       *framework.Runtime
+	client   *Client
+	children *children
+}
+
+// children counts an attempt's unkeyed [Context.Dispatch] calls per job
+// name. It is shared by pointer, so that copies of a Context count
+// together.
+type children struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+// next returns the number of the next dispatch of job, from 1.
+func (c *children) next(job string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.n == nil {
+		c.n = map[string]int{}
+	}
+	c.n[job]++
+	return c.n[job]
 }
 
 // InTx runs fn in a transaction scoped to the run's tenant (row-level
@@ -56,6 +77,29 @@ func (c *Context) InTx(ctx context.Context, fn func(ctx context.Context, tx *fra
 // Dispatch enqueues the manual job name for the run's tenant, carrying the
 // run's correlation id; the run's task id is the new run's causation id.
 // See [Client.Dispatch].
+//
+// A retried run does not dispatch its children twice. asynq delivers a run
+// at least once: an attempt that dispatched and then failed, or whose
+// worker died before asynq recorded its success, runs again under the same
+// task id. Without a Key, the n-th dispatch of job name in an attempt gets
+// the task id "<name>@child-<hash of the run's task id and n>", the same in
+// every attempt of the run; when the id is taken the child was dispatched
+// by an earlier attempt, and Dispatch returns its id and no error. This
+// assumes the handler is deterministic: each attempt dispatches the same
+// children of a job in the same order. When it is not (the children come
+// from data that may change between attempts, or are dispatched from
+// several goroutines), pass a Key that names the child (an item's id):
+// the Key then derives the id instead, as for [Client.Dispatch], and a
+// taken id is [ErrDuplicate] because it may be another run's dispatch.
+//
+// The guarantee lasts as long as asynq keeps the child: while it waits,
+// runs or waits to be retried, while it is archived (asynq drops archived
+// runs after 90 days, or the oldest beyond 10,000 per queue), and for
+// Config.DedupRetention (24 hours by default) after it succeeded. An
+// attempt later than that (an archived parent retried by an operator days
+// later, a Backoff of a day) dispatches it again; guard effects that must
+// not repeat with [HandledOnce]. A Unique child refused because an equal
+// run holds its window is [ErrDuplicate].
 func (c *Context) Dispatch(ctx context.Context, name string, payload any, opts *DispatchOptions) (string, error) {
 	o := DispatchOptions{}
 	if opts != nil {
@@ -64,7 +108,11 @@ func (c *Context) Dispatch(ctx context.Context, name string, payload any, opts *
 	o.TenantID = cmp.Or(o.TenantID, c.TenantID)
 	o.CorrelationID = cmp.Or(o.CorrelationID, c.CorrelationID)
 	o.CausationID = cmp.Or(o.CausationID, c.TaskID)
-	return c.client.Dispatch(ctx, name, payload, &o)
+	var childID string
+	if o.Key == "" && c.TaskID != "" && c.children != nil {
+		childID = childTaskID(name, c.TaskID, c.children.next(name))
+	}
+	return c.client.dispatch(ctx, name, payload, &o, childID)
 }
 
 const handledSQL = `INSERT INTO handled (tenant_id, key) VALUES ($1, $2) ON CONFLICT DO NOTHING`

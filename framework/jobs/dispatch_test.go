@@ -298,3 +298,89 @@ func TestUniqueJobReReadBlocksNoLaterDispatch(t *testing.T) {
 	ran("marker-3")
 	require.Equal(t, 2, b.count(t, `SELECT count(*) FROM runs WHERE ref = 'r1'`), "the second dispatch of r1 was dropped")
 }
+
+// TestContextDispatchRetriedParentDispatchesOnce: a job that dispatches
+// children and then fails is retried, and its retry dispatches the same
+// children again; they run once. The children have finished before the
+// retry (their completed runs keep their ids taken), two dispatches of one
+// job in one run are two children, and a caller's Key still names the
+// child itself.
+func TestContextDispatchRetriedParentDispatchesOnce(t *testing.T) {
+	t.Parallel()
+	type attempt struct {
+		ids  []string
+		errs []error
+	}
+	var (
+		mu       sync.Mutex
+		attempts []attempt
+	)
+	childDone := make(chan string, 16)
+	fast := &jobs.Options{MaxRetries: 3, Backoff: func(int) time.Duration { return 10 * time.Millisecond }}
+	b := setup(t, func(b *bundle) {
+		child := func(ctx context.Context, jc *jobs.Context, in exportInput) error {
+			if err := insertRun(ctx, jc, jc.Job, in.Report, jc.CausationID); err != nil {
+				return err
+			}
+			childDone <- in.Report
+			return nil
+		}
+		jobs.Manual[exportInput](b.f, "child", nil, child)
+		jobs.Manual[exportInput](b.f, "unique-child", &jobs.Options{Unique: time.Hour}, child)
+		jobs.Manual[exportInput](b.f, "parent", fast, func(ctx context.Context, jc *jobs.Context, in exportInput) error {
+			var a attempt
+			for _, d := range []struct {
+				job, report, key string
+			}{
+				{"test:job:child", "c1", ""},
+				{"test:job:child", "c2", ""},
+				{"test:job:unique-child", "u1", ""},
+				{"test:job:child", "keyed", "k1"},
+			} {
+				id, err := jc.Dispatch(ctx, d.job, exportInput{Report: d.report}, &jobs.DispatchOptions{Key: d.key})
+				a.ids, a.errs = append(a.ids, id), append(a.errs, err)
+			}
+			mu.Lock()
+			attempts = append(attempts, a)
+			mu.Unlock()
+			if jc.Retry > 0 {
+				return nil
+			}
+			// The first attempt fails once its children have finished.
+			for range 4 {
+				select {
+				case <-childDone:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			return errors.New("the parent fails after dispatching")
+		})
+	})
+	r := b.runner(t, nil)
+	parentID, err := r.Client().Dispatch(context.Background(), "test:job:parent", exportInput{Report: "p"}, &jobs.DispatchOptions{TenantID: "acme"})
+	require.NoError(t, err)
+
+	eventually(t, "the parent's retry", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(attempts) == 2
+	})
+	drained(t, r.Inspector())
+	require.Equal(t, 4, b.count(t, `SELECT count(*) FROM runs`), "every child ran once")
+	for _, ref := range []string{"c1", "c2", "u1", "keyed"} {
+		require.Equal(t, 1, b.count(t, `SELECT count(*) FROM runs WHERE ref = $1 AND tenant_id = 'acme' AND info = $2`, ref, parentID), ref)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	first, retry := attempts[0], attempts[1]
+	for i := range first.errs {
+		require.NoError(t, first.errs[i])
+	}
+	require.Equal(t, first.ids, retry.ids, "a retry derives the same task ids")
+	require.NotEqual(t, first.ids[0], first.ids[1], "two dispatches of one job in one run are two children")
+	require.NoError(t, retry.errs[0], "a child the run already dispatched is not an error")
+	require.NoError(t, retry.errs[1])
+	require.NoError(t, retry.errs[2])
+	require.ErrorIs(t, retry.errs[3], jobs.ErrDuplicate, "a keyed dispatch reports its duplicate, as Client.Dispatch does")
+}

@@ -260,7 +260,7 @@ func (r *Runner) retryDelay(n int, _ error, t *asynq.Task) time.Duration {
 func (r *Runner) handler(lane framework.RunIn, j *Job) asynq.HandlerFunc {
 	return func(ctx context.Context, t *asynq.Task) (err error) {
 		start := time.Now()
-		jc := &Context{Job: j.name, Lane: lane, rt: r.rt, client: r.client}
+		jc := &Context{Job: j.name, Lane: lane, rt: r.rt, client: r.client, children: &children{}}
 		jc.TaskID, _ = asynq.GetTaskID(ctx)
 		jc.Retry, _ = asynq.GetRetryCount(ctx)
 		jc.MaxRetry, _ = asynq.GetMaxRetry(ctx)

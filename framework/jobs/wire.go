@@ -131,6 +131,16 @@ func keyTaskID(job, tenant, key string) string {
 	return job + "@key-" + hex.EncodeToString(sum[:12])
 }
 
+// childTaskID is the id of the n-th dispatch (from 1) of job without a Key
+// by the run parent (its task id) through [Context.Dispatch]. Like a key,
+// the parent's id is hashed: it is itself derived and may be a child's, so
+// that ids stay short along a chain of dispatches, and the NUL keeps
+// (parent, n) unambiguous.
+func childTaskID(job, parent string, n int) string {
+	sum := sha256.Sum256([]byte(parent + "\x00" + strconv.Itoa(n)))
+	return job + "@child-" + hex.EncodeToString(sum[:12])
+}
+
 // taskKey is the Redis key of asynq's hash of a task (asynq's storage
 // layout, which persisted queues depend on).
 func taskKey(queue, taskID string) string {
