@@ -60,8 +60,9 @@ type DispatchOptions struct {
 	TenantID string
 	// Key makes the dispatch idempotent: dispatches of the same job with
 	// the same key in the same tenant run once within the dedup window of
-	// the runner (24 hours by default). Defaults to "" (every dispatch
-	// runs).
+	// the runner (24 hours by default). Defaults to "": every
+	// [Client.Dispatch] runs, and a job's [Context.Dispatch] runs once per
+	// run of the dispatching job however often that run is retried.
 	Key string
 	// CorrelationID is the run's correlation id ([Client.Dispatch] only;
 	// [Set.DispatchTx] uses the transaction's). Defaults to the run's task

@@ -54,6 +54,9 @@
 // Cron jobs: every worker runs the scheduler; each tick is enqueued under a
 // task id derived from the job and the tick's time, so any number of
 // workers produce one run per tick. [Client.Dispatch] enqueues directly.
+// A job that dispatches another ([Context.Dispatch]) derives the child's
+// task id from its own task id and the dispatch's place in the run, so a
+// retried parent does not run its children twice.
 //
 // # Lanes
 //
