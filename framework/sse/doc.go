@@ -12,7 +12,8 @@
 // stream; an undeclared event type is answered 400 validation_error.
 // Internal event types ([framework.EventOptions].Internal, such as
 // jobs:event:dispatched, which carries a job's input) are never sent, live
-// or replayed, and a filter naming one is answered 400 as well.
+// or replayed, and a filter naming one is answered 400 as well; neither are
+// events of types the registry does not declare (removed from the code).
 //
 // The response starts with a `retry:` hint and then carries one frame per
 // event:

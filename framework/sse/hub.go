@@ -527,9 +527,11 @@ type Stream struct {
 }
 
 // streamable reports whether env may be sent to clients at all: internal
-// event types ([framework.EventOptions].Internal) never are.
+// event types ([framework.EventOptions].Internal) never are, nor types the
+// registry does not declare (removed from the code, their events still in
+// the log: no schema the clients know, and fields the code dropped).
 func (h *Hub) streamable(env *framework.Envelope) bool {
-	return !h.reg.InternalEvent(env.Type)
+	return h.reg.HasEvent(env.Type) && !h.reg.InternalEvent(env.Type)
 }
 
 // encode renders env as one SSE frame: id, event and one data line.

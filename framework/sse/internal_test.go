@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kumiko-go/kumiko/framework"
+	"github.com/kumiko-go/kumiko/framework/eventstore"
 	"github.com/kumiko-go/kumiko/framework/jobs"
 )
 
@@ -57,4 +58,33 @@ func TestInternalEventsNotStreamed(t *testing.T) {
 
 	code, body := b.status(t, request{tenant: "acme", query: "types=jobs:event:dispatched"})
 	require.Equal(t, http.StatusBadRequest, code, body)
+}
+
+// TestUndeclaredEventsNotStreamed: events of a type this process does not
+// declare (a type removed from the code, its events still in the log) have
+// no schema the browsers agreed to; neither a live stream nor a replay
+// sends them.
+func TestUndeclaredEventsNotStreamed(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	live := b.connect(t, request{tenant: "acme"})
+	b.note(t, "acme", "memo", 1, "before")
+	first := live.waitFor(t, 1)
+	_, err := eventstore.Append(context.Background(), b.db.Pool,
+		eventstore.StreamRef{TenantID: "acme", Type: "memo", ID: uuid.NewString()}, eventstore.AnyVersion,
+		[]eventstore.NewEvent{{Type: "gone:event:removed", TypeVersion: 1, Payload: []byte(`{"secret":"old-field"}`)}})
+	require.NoError(t, err)
+	b.note(t, "acme", "memo", 3, "after")
+
+	evs := live.waitFor(t, 2)
+	replayed := b.connect(t, request{tenant: "acme", lastID: first[0].ID})
+	rev := replayed.waitFor(t, 1)
+	time.Sleep(200 * time.Millisecond) // nothing more may arrive
+	for _, ev := range append(live.snapshot(), replayed.snapshot()...) {
+		require.NotEqual(t, "gone:event:removed", ev.Type)
+		require.NotContains(t, string(ev.Data), "old-field")
+	}
+	require.Len(t, live.snapshot(), 2)
+	require.Len(t, replayed.snapshot(), 1)
+	require.Equal(t, ids(evs[1:]), ids(rev))
 }
