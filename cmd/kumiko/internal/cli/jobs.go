@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/logging"
 	"github.com/spf13/cobra"
 
 	"github.com/kumiko-go/kumiko/config"
@@ -29,7 +30,14 @@ func jobsCmd(register func(*framework.Registry)) *cobra.Command {
 }
 
 // jobsInspector opens an inspector on REDIS_URL; close releases it.
+//
+// It silences go-redis's own logger for the rest of the process: a tool
+// command reports a failure once, as its error, and go-redis's plain-text
+// lines on stderr (a "failed to dial" per attempt while Redis is down) would
+// only repeat it before the message. `kumiko serve`, which never opens
+// this inspector, routes them to its JSON log instead (redisLogger).
 func jobsInspector() (in *jobs.Inspector, closeFn func(), err error) {
+	logging.Disable()
 	cfg, err := config.LoadForTool()
 	if err != nil {
 		return nil, nil, fmt.Errorf("configuration:\n%w", err)
