@@ -14,6 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/kumiko-go/kumiko/framework/jobs"
 )
 
 // Mode selects which parts of Kumiko a process runs. It is read from APP_MODE.
@@ -171,9 +173,16 @@ type Config struct {
 	RunLocalJobs bool
 
 	// Dev enables development-only behaviour such as the dev token of the
-	// demo page, read from KUMIKO_DEV (true, false, 1 or 0). Never set it in
-	// production. Defaults to false.
+	// demo page and the sample nightly report every minute, read from
+	// KUMIKO_DEV (true, false, 1 or 0). Never set it in production. Defaults
+	// to false.
 	Dev bool
+
+	// SampleCron replaces the schedule of the sample users:job:nightly-report
+	// (02:00 UTC, or every minute with Dev), read from KUMIKO_SAMPLE_CRON as a
+	// spec [jobs.Cron] accepts, such as "@every 2s" (what the tests use).
+	// Defaults to "" (the sample's own schedule).
+	SampleCron string
 
 	// LogLevel is the minimum level logged, read from LOG_LEVEL: debug,
 	// info, warn or error (any case). Defaults to [slog.LevelInfo].
@@ -277,6 +286,7 @@ func FromLookup(lookup func(string) (string, bool)) (*Config, error) {
 	c.ReplicaWait = l.millis("KUMIKO_REPLICA_WAIT_MS", defaultReplicaWait, false, 0)
 	c.RunLocalJobs = l.boolean("KUMIKO_RUN_LOCAL_JOBS")
 	c.Dev = l.boolean("KUMIKO_DEV")
+	c.SampleCron = l.cronSpec("KUMIKO_SAMPLE_CRON")
 	c.LogLevel = l.logLevel("LOG_LEVEL")
 	if !l.failed("DATABASE_POOL_MAX") {
 		l.poolMinimums("DATABASE_URL", primary, c.DatabasePoolMax)
@@ -520,6 +530,19 @@ func (l *loader) boolean(name string) bool {
 	}
 	l.failf(name, "must be true, false, 1 or 0, got %q", v)
 	return false
+}
+
+// cronSpec reads a spec that [jobs.Cron] accepts.
+func (l *loader) cronSpec(name string) string {
+	v, ok := l.get(name)
+	if !ok {
+		return ""
+	}
+	if err := jobs.ValidateCronSpec(v); err != nil {
+		l.failf(name, "must be a cron spec such as \"0 2 * * *\" or \"@every 2s\", got %q: %v", v, err)
+		return ""
+	}
+	return v
 }
 
 func (l *loader) logLevel(name string) slog.Level {

@@ -95,6 +95,7 @@ func TestDefaults(t *testing.T) {
 		ReplicaWait:                   500 * time.Millisecond,
 		RunLocalJobs:                  false,
 		Dev:                           false,
+		SampleCron:                    "",
 		LogLevel:                      slog.LevelInfo,
 	}, c)
 }
@@ -131,7 +132,7 @@ var allVariables = []string{
 	"REDIS_MAX_RETRIES_PER_REQUEST", "KUMIKO_INSTANCE_ID", "JWT_SECRET",
 	"KUMIKO_DISPATCHER_POLL_INTERVAL_MS", "KUMIKO_DISPATCHER_BATCH_SIZE", "KUMIKO_DISPATCHER_MAX_CONCURRENT_PASSES",
 	"KUMIKO_DISPATCHER_POLL_ONLY", "KUMIKO_DRAIN_TIMEOUT_MS",
-	"KUMIKO_RUN_LOCAL_JOBS", "KUMIKO_DEV", "LOG_LEVEL",
+	"KUMIKO_RUN_LOCAL_JOBS", "KUMIKO_DEV", "KUMIKO_SAMPLE_CRON", "LOG_LEVEL",
 	"KUMIKO_IDEMPOTENCY_TTL", "KUMIKO_REPLICA_WAIT_MS",
 }
 
@@ -162,6 +163,7 @@ func TestEveryVariableParsed(t *testing.T) {
 		"KUMIKO_DRAIN_TIMEOUT_MS":                 "45000",
 		"KUMIKO_RUN_LOCAL_JOBS":                   "1",
 		"KUMIKO_DEV":                              "TRUE",
+		"KUMIKO_SAMPLE_CRON":                      "@every 2s",
 		"LOG_LEVEL":                               "Debug",
 		"KUMIKO_IDEMPOTENCY_TTL":                  "2h",
 		"KUMIKO_REPLICA_WAIT_MS":                  "150",
@@ -199,6 +201,7 @@ func TestEveryVariableParsed(t *testing.T) {
 		ReplicaWait:                   150 * time.Millisecond,
 		RunLocalJobs:                  true,
 		Dev:                           true,
+		SampleCron:                    "@every 2s",
 		LogLevel:                      slog.LevelDebug,
 	}, c)
 }
@@ -226,6 +229,9 @@ func TestValues(t *testing.T) {
 		{"KUMIKO_DISPATCHER_BATCH_SIZE", "1", func(t *testing.T, c *Config) { require.Equal(t, 1, c.DispatcherBatchSize) }},
 		{"KUMIKO_DISPATCHER_POLL_ONLY", "0", func(t *testing.T, c *Config) { require.False(t, c.DispatcherPollOnly) }},
 		{"KUMIKO_DEV", "false", func(t *testing.T, c *Config) { require.False(t, c.Dev) }},
+		{"KUMIKO_SAMPLE_CRON", "CRON_TZ=Europe/Berlin 30 2 * * *", func(t *testing.T, c *Config) {
+			require.Equal(t, "CRON_TZ=Europe/Berlin 30 2 * * *", c.SampleCron)
+		}},
 		{"LOG_LEVEL", "warn", func(t *testing.T, c *Config) { require.Equal(t, slog.LevelWarn, c.LogLevel) }},
 		{"LOG_LEVEL", "ERROR", func(t *testing.T, c *Config) { require.Equal(t, slog.LevelError, c.LogLevel) }},
 		{"LOG_LEVEL", "info", func(t *testing.T, c *Config) { require.Equal(t, slog.LevelInfo, c.LogLevel) }},
@@ -297,6 +303,10 @@ func TestBadValues(t *testing.T) {
 		{"KUMIKO_IDEMPOTENCY_TTL", "10s", `KUMIKO_IDEMPOTENCY_TTL: must be at least 30s (the lease of a running request's claim), got "10s"`},
 		{"KUMIKO_RUN_LOCAL_JOBS", "on", `KUMIKO_RUN_LOCAL_JOBS: must be true, false, 1 or 0, got "on"`},
 		{"KUMIKO_DEV", "2", `KUMIKO_DEV: must be true, false, 1 or 0, got "2"`},
+		// A bad spec used to surface only as a registration problem of the
+		// sample feature, after the configuration had been accepted.
+		{"KUMIKO_SAMPLE_CRON", "61 * * * *", `KUMIKO_SAMPLE_CRON: must be a cron spec such as "0 2 * * *" or "@every 2s", got "61 * * * *": end of range (61) above maximum (59): 61`},
+		{"KUMIKO_SAMPLE_CRON", "@every 100ms", `KUMIKO_SAMPLE_CRON: must be a cron spec such as "0 2 * * *" or "@every 2s", got "@every 100ms": @every 100ms is shorter than one second`},
 		{"LOG_LEVEL", "warning", `LOG_LEVEL: must be one of debug, info, warn, error, got "warning"`},
 	}
 	for _, tt := range tests {
@@ -337,6 +347,7 @@ func TestEveryProblemReportedAtOnce(t *testing.T) {
 		"KUMIKO_DRAIN_TIMEOUT_MS":                 "1.5",
 		"KUMIKO_RUN_LOCAL_JOBS":                   "yes",
 		"KUMIKO_DEV":                              "no",
+		"KUMIKO_SAMPLE_CRON":                      "nightly",
 		"LOG_LEVEL":                               "trace",
 		"KUMIKO_IDEMPOTENCY_TTL":                  "1 day",
 		"KUMIKO_REPLICA_WAIT_MS":                  "0",

@@ -49,7 +49,8 @@
 //	KUMIKO_IDEMPOTENCY_TTL              24h                        IdempotencyTTL (Go duration), >= 30s
 //	KUMIKO_REPLICA_WAIT_MS              500                        ReplicaWait
 //	KUMIKO_RUN_LOCAL_JOBS               false                      RunLocalJobs (api process consumes the api job lane)
-//	KUMIKO_DEV                          false                      Dev (dev-only token of the demo page)
+//	KUMIKO_DEV                          false                      Dev (demo page's dev token, sample nightly report every minute)
+//	KUMIKO_SAMPLE_CRON                  unset (sample's schedule)  SampleCron, a cron spec such as "@every 2s"
 //	LOG_LEVEL                           info                       LogLevel: debug, info, warn or error
 //
 // # Clients

@@ -120,3 +120,23 @@ func TestRegistrationAfterBuildPanics(t *testing.T) {
 		jobs.Manual[noted](f, "late", nil, noop[noted])
 	})
 }
+
+// TestValidateCronSpec: ValidateCronSpec accepts what Cron accepts and
+// reports what Cron would report as a registration problem.
+func TestValidateCronSpec(t *testing.T) {
+	t.Parallel()
+	for _, spec := range []string{"0 2 * * *", "*/1 * * * *", "@daily", "@every 2s", "CRON_TZ=Europe/Berlin 30 2 * * *"} {
+		require.NoError(t, jobs.ValidateCronSpec(spec), spec)
+	}
+	for spec, want := range map[string]string{
+		"61 * * * *":                  "end of range (61) above maximum (59)",
+		"@every 100ms":                "@every 100ms is shorter than one second",
+		"@every soon":                 "bad @every duration",
+		"CRON_TZ=Mars/Base 0 2 * * *": `bad time zone "Mars/Base"`,
+		"":                            "empty spec string",
+	} {
+		err := jobs.ValidateCronSpec(spec)
+		require.Error(t, err, spec)
+		require.Contains(t, err.Error(), want, spec)
+	}
+}

@@ -28,6 +28,16 @@ func (e everySchedule) Next(t time.Time) time.Time {
 
 var cronParser = cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month | cron.Dow | cron.Descriptor)
 
+// ValidateCronSpec reports whether [Cron] accepts spec: it returns the
+// problem Cron would report at registration (a bad field, an @every shorter
+// than one second, an unknown CRON_TZ= zone), or nil. It lets a
+// configuration check a spec read from the environment at boot, before any
+// feature registers.
+func ValidateCronSpec(spec string) error {
+	_, _, err := parseSchedule(spec, time.UTC)
+	return err
+}
+
 // parseSchedule parses a cron job's spec (see [Cron]) in loc, or in the
 // zone of its CRON_TZ= (or TZ=) prefix, and returns the zone it ticks in.
 func parseSchedule(spec string, loc *time.Location) (schedule, *time.Location, error) {
