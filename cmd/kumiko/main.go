@@ -22,7 +22,7 @@ func main() {
 		<-ctx.Done()
 		stop()
 	}()
-	code := cli.Main(ctx, os.Args[1:], features.Register, features.Routes)
+	code := cli.Main(ctx, os.Args[1:], features.RegisterWith, features.Routes)
 	stop()
 	os.Exit(code)
 }

@@ -1,9 +1,8 @@
 package users
 
 import (
+	"cmp"
 	"context"
-	"os"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -50,22 +49,13 @@ type SentMail struct {
 	SentAt  time.Time `json:"sentAt"`
 }
 
-// NightlyReportSpec returns the schedule of users:job:nightly-report: the
-// KUMIKO_SAMPLE_CRON variable when set (tests use "@every 2s"), every minute
-// when KUMIKO_DEV is true or 1, else 02:00 UTC.
-func NightlyReportSpec() string {
-	if s := os.Getenv("KUMIKO_SAMPLE_CRON"); s != "" {
-		return s
-	}
-	if v := strings.ToLower(os.Getenv("KUMIKO_DEV")); v == "true" || v == "1" {
-		return "*/1 * * * *"
-	}
-	return "0 2 * * *"
-}
+// DefaultNightlyReportSpec is the schedule of users:job:nightly-report when
+// [Options.NightlyReportSpec] is empty: 02:00 UTC.
+const DefaultNightlyReportSpec = "0 2 * * *"
 
 // registerJobs adds deliver-welcome-mail (worker lane, on users:event:invited),
-// the sent-mail query and the nightly-report cron job.
-func registerJobs(f *framework.Feature, ft *Feature, sender Sender) {
+// the sent-mail query and the nightly-report cron job (on spec).
+func registerJobs(f *framework.Feature, ft *Feature, sender Sender, spec string) {
 	jobs.OnEvent(f, "deliver-welcome-mail", ft.Invited, nil, func(ctx context.Context, jc *jobs.Context, e framework.Event[Invited]) error {
 		return jc.InTx(ctx, func(ctx context.Context, tx *framework.Tx) error {
 			first, err := jobs.HandledOnce(ctx, tx, "welcome-mail:"+e.Payload.UserID)
@@ -99,7 +89,7 @@ func registerJobs(f *framework.Feature, ft *Feature, sender Sender) {
 
 	// nightly-report runs once per tick however many workers run the
 	// scheduler: the tick's task id is derived from the job and the tick.
-	jobs.Cron(f, "nightly-report", NightlyReportSpec(), nil, func(ctx context.Context, jc *jobs.Context, t jobs.Tick) error {
+	jobs.Cron(f, "nightly-report", cmp.Or(spec, DefaultNightlyReportSpec), nil, func(ctx context.Context, jc *jobs.Context, t jobs.Tick) error {
 		return jc.InTx(ctx, func(ctx context.Context, tx *framework.Tx) error {
 			_, err := tx.Exec(ctx, `INSERT INTO nightly_reports (tick, tenants, users)
 				SELECT $1, count(DISTINCT tenant_id), count(*) FROM users`, t.Time)

@@ -39,8 +39,22 @@ type Feature struct {
 // StreamType is the aggregate type of a user's stream ("user/<id>").
 const StreamType = "user"
 
-// Register adds the users feature to r.
-func Register(r *framework.Registry) *Feature {
+// Options configure the users feature. A nil *Options means the defaults.
+type Options struct {
+	// NightlyReportSpec is the schedule of users:job:nightly-report, a spec
+	// that jobs.Cron accepts. Defaults to [DefaultNightlyReportSpec].
+	NightlyReportSpec string
+}
+
+// Register adds the users feature to r with the default options.
+func Register(r *framework.Registry) *Feature { return RegisterWith(r, nil) }
+
+// RegisterWith adds the users feature to r with opts (nil means the
+// defaults).
+func RegisterWith(r *framework.Registry, opts *Options) *Feature {
+	if opts == nil {
+		opts = &Options{}
+	}
 	f := r.Feature("users")
 	ft := &Feature{Invited: framework.DefineEvent[Invited](f, "invited", nil)}
 
@@ -64,6 +78,6 @@ func Register(r *framework.Registry) *Feature {
 			e.TenantID, e.Payload.UserID, e.Payload.Email)
 		return err
 	})
-	registerJobs(f, ft, TableSender{})
+	registerJobs(f, ft, TableSender{}, opts.NightlyReportSpec)
 	return ft
 }

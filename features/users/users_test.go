@@ -9,6 +9,7 @@ import (
 
 	"github.com/kumiko-go/kumiko/features/users"
 	"github.com/kumiko-go/kumiko/framework"
+	"github.com/kumiko-go/kumiko/framework/jobs"
 	"github.com/kumiko-go/kumiko/framework/kumikotest"
 )
 
@@ -40,4 +41,33 @@ func TestInviteIsCaseInsensitivePerTenant(t *testing.T) {
 	var stored string
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT email FROM users WHERE tenant_id = 't1'`).Scan(&stored))
 	require.Equal(t, "Bob@Example.com", stored)
+}
+
+// nightlyReportSpec runs register on a fresh registry and returns the
+// schedule of users:job:nightly-report.
+func nightlyReportSpec(t *testing.T, register func(*framework.Registry)) string {
+	t.Helper()
+	reg := framework.NewRegistry()
+	register(reg)
+	require.NoError(t, reg.Build())
+	for _, j := range jobs.For(reg).Jobs() {
+		if j.Name() == "users:job:nightly-report" {
+			return j.Spec()
+		}
+	}
+	t.Fatal("users:job:nightly-report is not registered")
+	return ""
+}
+
+// TestNightlyReportSpecComesFromOptions: the schedule is the options', and
+// the feature reads no environment variable (KUMIKO_SAMPLE_CRON and
+// KUMIKO_DEV reach it through the config package and its options).
+func TestNightlyReportSpecComesFromOptions(t *testing.T) {
+	t.Setenv("KUMIKO_SAMPLE_CRON", "@every 2s")
+	t.Setenv("KUMIKO_DEV", "1")
+	require.Equal(t, "0 2 * * *", nightlyReportSpec(t, func(r *framework.Registry) { users.Register(r) }))
+	require.Equal(t, users.DefaultNightlyReportSpec, nightlyReportSpec(t, func(r *framework.Registry) { users.RegisterWith(r, &users.Options{}) }))
+	require.Equal(t, "@every 5s", nightlyReportSpec(t, func(r *framework.Registry) {
+		users.RegisterWith(r, &users.Options{NightlyReportSpec: "@every 5s"})
+	}))
 }

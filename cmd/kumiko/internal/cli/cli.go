@@ -26,8 +26,10 @@ import (
 
 // Main runs the command line args with the application's features (and its
 // own HTTP routes, such as pages; nil for none) and returns the process exit
-// code.
-func Main(ctx context.Context, args []string, register func(*framework.Registry), routes func(*web.Server)) int {
+// code. Every command that needs the features calls register with a fresh
+// registry and the configuration it loaded, so a feature reads its settings
+// from there rather than from the environment.
+func Main(ctx context.Context, args []string, register func(*framework.Registry, *config.Config), routes func(*web.Server)) int {
 	root := Root(register, routes)
 	root.SetArgs(args)
 	if err := root.ExecuteContext(ctx); err != nil {
@@ -39,7 +41,7 @@ func Main(ctx context.Context, args []string, register func(*framework.Registry)
 
 // Root builds the command tree; routes (nil for none) are the application's
 // own HTTP routes, mounted by `kumiko serve`.
-func Root(register func(*framework.Registry), routes func(*web.Server)) *cobra.Command {
+func Root(register func(*framework.Registry, *config.Config), routes func(*web.Server)) *cobra.Command {
 	root := &cobra.Command{
 		Use:           "kumiko",
 		Short:         "Kumiko: event-sourced application framework",
@@ -81,7 +83,7 @@ func logger(w io.Writer, level slog.Level) *slog.Logger {
 	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
 }
 
-func serveCmd(register func(*framework.Registry), routes func(*web.Server)) *cobra.Command {
+func serveCmd(register func(*framework.Registry, *config.Config), routes func(*web.Server)) *cobra.Command {
 	return &cobra.Command{
 		Use:   "serve",
 		Short: "Run the process selected by APP_MODE (api, worker, all-in-one)",
@@ -93,13 +95,21 @@ func serveCmd(register func(*framework.Registry), routes func(*web.Server)) *cob
 			}
 			log := logger(cmd.ErrOrStderr(), cfg.LogLevel)
 			redis.SetLogger(redisLogger{log: log})
-			app, err := entrypoint.New(cmd.Context(), entrypoint.Options{Config: cfg, Register: register, Logger: log, Routes: routes})
+			app, err := entrypoint.New(cmd.Context(), entrypoint.Options{Config: cfg, Register: withConfig(register, cfg), Logger: log, Routes: routes})
 			if err != nil {
 				return err
 			}
 			return app.Run(cmd.Context())
 		},
 	}
+}
+
+// withConfig binds register to cfg (nil stays nil).
+func withConfig(register func(*framework.Registry, *config.Config), cfg *config.Config) func(*framework.Registry) {
+	if register == nil {
+		return nil
+	}
+	return func(r *framework.Registry) { register(r, cfg) }
 }
 
 // toolPool opens the primary pool for a maintenance command.

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/kumiko-go/kumiko/config"
 	"github.com/kumiko-go/kumiko/framework"
 	"github.com/kumiko-go/kumiko/framework/dispatcher"
 )
@@ -20,7 +21,7 @@ import (
 // package dispatcher on the state rows in DATABASE_URL. The registry is not
 // needed: the rows are the truth, including rows of consumers that a newer
 // build no longer registers.
-func consumerCmd(register func(*framework.Registry)) *cobra.Command {
+func consumerCmd(register func(*framework.Registry, *config.Config)) *cobra.Command {
 	_ = register
 	cmd := &cobra.Command{
 		Use:   "consumer",

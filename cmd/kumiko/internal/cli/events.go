@@ -8,12 +8,13 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kumiko-go/kumiko/config"
 	"github.com/kumiko-go/kumiko/framework"
 	"github.com/kumiko-go/kumiko/framework/retention"
 )
 
 // eventsCmd is the `kumiko events` command group.
-func eventsCmd(register func(*framework.Registry)) *cobra.Command {
+func eventsCmd(register func(*framework.Registry, *config.Config)) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "events",
 		Short: "Event log operations (prune)",
@@ -22,12 +23,12 @@ func eventsCmd(register func(*framework.Registry)) *cobra.Command {
 	return cmd
 }
 
-// buildRegistry registers the application's features and builds the
-// registry, failing with every registration problem.
-func buildRegistry(register func(*framework.Registry)) (*framework.Registry, error) {
+// buildRegistry registers the application's features with cfg and builds
+// the registry, failing with every registration problem.
+func buildRegistry(register func(*framework.Registry, *config.Config), cfg *config.Config) (*framework.Registry, error) {
 	reg := framework.NewRegistry()
 	if register != nil {
-		register(reg)
+		register(reg, cfg)
 	}
 	if err := reg.Build(); err != nil {
 		return nil, fmt.Errorf("registry:\n%w", err)
@@ -35,7 +36,7 @@ func buildRegistry(register func(*framework.Registry)) (*framework.Registry, err
 	return reg, nil
 }
 
-func eventsPruneCmd(register func(*framework.Registry)) *cobra.Command {
+func eventsPruneCmd(register func(*framework.Registry, *config.Config)) *cobra.Command {
 	var days int
 	var types string
 	var dryRun bool
@@ -55,10 +56,6 @@ what would be deleted and runs the same check.`,
 			if !cmd.Flags().Changed("older-than-days") {
 				return errors.New("--older-than-days is required")
 			}
-			reg, err := buildRegistry(register)
-			if err != nil {
-				return err
-			}
 			var names []string
 			for _, t := range strings.Split(types, ",") {
 				if t = strings.TrimSpace(t); t != "" {
@@ -70,11 +67,15 @@ what would be deleted and runs the same check.`,
 				// widen the prune to every pub/sub type.
 				return errors.New("--types names no event type; leave it out to prune every pub/sub type")
 			}
-			pool, _, err := toolPool(cmd.Context())
+			pool, cfg, err := toolPool(cmd.Context())
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
+			reg, err := buildRegistry(register, cfg)
+			if err != nil {
+				return err
+			}
 			res, err := retention.Prune(cmd.Context(), pool, reg, &retention.Options{OlderThanDays: days, Types: names, DryRun: dryRun})
 			out := cmd.OutOrStdout()
 			if res != nil {

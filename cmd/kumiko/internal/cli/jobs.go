@@ -20,7 +20,7 @@ import (
 
 // jobsCmd is the `kumiko jobs` command group: the declared jobs, and the
 // runs in the lanes' queues (list, retry).
-func jobsCmd(register func(*framework.Registry)) *cobra.Command {
+func jobsCmd(register func(*framework.Registry, *config.Config)) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "jobs",
 		Short: "List declared jobs, list runs by state, retry archived runs",
@@ -50,15 +50,20 @@ func jobsInspector() (in *jobs.Inspector, closeFn func(), err error) {
 	return jobs.NewInspector(rdb, ""), func() { _ = rdb.Close() }, nil
 }
 
-func jobsDeclaredCmd(register func(*framework.Registry)) *cobra.Command {
+func jobsDeclaredCmd(register func(*framework.Registry, *config.Config)) *cobra.Command {
 	return &cobra.Command{
 		Use:   "declared",
 		Short: "List the jobs the application declares, with trigger and lane",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			reg := framework.NewRegistry()
-			register(reg)
-			if err := reg.Build(); err != nil {
+			// The configuration sets schedules (KUMIKO_SAMPLE_CRON):
+			// list the ones `kumiko serve` would run.
+			cfg, err := config.LoadForTool()
+			if err != nil {
+				return fmt.Errorf("configuration:\n%w", err)
+			}
+			reg, err := buildRegistry(register, cfg)
+			if err != nil {
 				return err
 			}
 			w := tabwriter.NewWriter(cmd.OutOrStdout(), 2, 4, 2, ' ', 0)

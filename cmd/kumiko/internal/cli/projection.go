@@ -6,12 +6,13 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/kumiko-go/kumiko/config"
 	"github.com/kumiko-go/kumiko/framework"
 	"github.com/kumiko-go/kumiko/framework/rebuild"
 )
 
 // projectionCmd is the `kumiko projection` command group.
-func projectionCmd(register func(*framework.Registry)) *cobra.Command {
+func projectionCmd(register func(*framework.Registry, *config.Config)) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "projection",
 		Short: "Projection operations (rebuild)",
@@ -20,7 +21,7 @@ func projectionCmd(register func(*framework.Registry)) *cobra.Command {
 	return cmd
 }
 
-func projectionRebuildCmd(register func(*framework.Registry)) *cobra.Command {
+func projectionRebuildCmd(register func(*framework.Registry, *config.Config)) *cobra.Command {
 	var batch int
 	var abandon bool
 	cmd := &cobra.Command{
@@ -38,18 +39,18 @@ NAME#rebuild behind; the next rebuild removes them and starts over, and
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			name := args[0]
-			reg, err := buildRegistry(register)
+			pool, cfg, err := toolPool(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			reg, err := buildRegistry(register, cfg)
 			if err != nil {
 				return err
 			}
 			if _, err := rebuild.Check(reg, name); err != nil {
 				return err
 			}
-			pool, _, err := toolPool(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer pool.Close()
 			out := cmd.OutOrStdout()
 			if abandon {
 				found, err := rebuild.Abandon(cmd.Context(), pool, reg, name)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kumiko-go/kumiko/cmd/kumiko/internal/cli"
 	"github.com/kumiko-go/kumiko/cmd/kumiko/internal/e2e"
+	"github.com/kumiko-go/kumiko/config"
 	"github.com/kumiko-go/kumiko/features"
 	"github.com/kumiko-go/kumiko/framework"
 )
@@ -23,8 +24,8 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	delay, _ := strconv.Atoi(os.Getenv("E2E_APPLY_DELAY_MS"))
 	opts := e2e.Options{InstanceID: os.Getenv("KUMIKO_INSTANCE_ID"), ApplyDelay: time.Duration(delay) * time.Millisecond}
-	register := func(r *framework.Registry) {
-		features.Register(r)
+	register := func(r *framework.Registry, cfg *config.Config) {
+		features.RegisterWith(r, cfg)
 		e2e.Register(r, opts)
 	}
 	code := cli.Main(ctx, os.Args[1:], register, features.Routes)
