@@ -30,6 +30,8 @@
 //	APP_MODE                            all-in-one                 Mode: api, worker or all-in-one
 //	HTTP_ADDR                           :8080                      HTTPAddr
 //	WORKER_HTTP_ADDR                    :8081                      WorkerHTTPAddr (health + metrics of a worker)
+//	HTTP_READ_TIMEOUT_MS                30000                      HTTPReadTimeout (headers at most 10 s, and the body)
+//	HTTP_IDLE_TIMEOUT_MS                120000                     HTTPIdleTimeout (idle keep-alive connections)
 //	DATABASE_URL                        required                   DatabaseURL
 //	DATABASE_READ_URL                   unset (no replica)         DatabaseReadURL
 //	DATABASE_POOL_MAX                   10                         DatabasePoolMax, 1..1000
