@@ -243,10 +243,19 @@ func (i *Inspector) Get(ctx context.Context, lane framework.RunIn, id string) (T
 	if err != nil {
 		return TaskInfo{}, err
 	}
+	// The known queues first: one plain read, whose error says what is
+	// wrong (Redis unreachable) without asynq's nested error codes.
+	known, err := i.in.Queues()
+	if err != nil {
+		return TaskInfo{}, fmt.Errorf("jobs: queues: %w", err)
+	}
 	for _, l := range lanes {
 		for _, q := range i.queues(l) {
 			if err := ctx.Err(); err != nil {
 				return TaskInfo{}, err
+			}
+			if !slices.Contains(known, q) {
+				continue // never used
 			}
 			ti, err := i.in.GetTaskInfo(q, id)
 			switch {

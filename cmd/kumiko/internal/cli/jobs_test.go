@@ -32,6 +32,7 @@ func TestJobsCommandsWithRedisDown(t *testing.T) {
 		require.Empty(t, stdout, args)
 		require.True(t, strings.HasPrefix(stderr, "kumiko: jobs: "), "%v: %q", args, stderr)
 		require.Contains(t, stderr, "connection refused", args)
+		require.NotContains(t, stderr, "UNKNOWN", "%v: asynq's nested error codes", args)
 		require.Equal(t, 1, strings.Count(stderr, "\n"), "%v: one line: %q", args, stderr)
 	}
 }
