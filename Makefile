@@ -10,7 +10,7 @@ JWT_SECRET ?= dev-only-secret-change-me-0123456789
 HTTP_ADDR ?= :8080
 export DATABASE_URL REDIS_URL JWT_SECRET HTTP_ADDR
 
-.PHONY: help run test bench lint tidy migrate build services
+.PHONY: help run test bench bench-go lint tidy migrate build services
 
 help: ## List the targets.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-10s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -42,6 +42,9 @@ test: ## Run every test (real Postgres and Redis, race detector).
 
 bench: ## Run the benchmarks, each against its baseline, and print the ratios.
 	$(GO) run ./cmd/kumiko-bench
+
+bench-go: ## Run the go test benchmarks beside the code (each beside its baseline sub-benchmark).
+	$(GO) test -run '^$$' -bench . -benchmem ./...
 
 STATICCHECK ?= honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
