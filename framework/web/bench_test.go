@@ -20,7 +20,8 @@ import (
 // event in one transaction) on a fresh database, sequentially:
 //
 //   - http: POST /api/write served in-process by the server's handler
-//     (echo and the middleware, the token, the JSON body and response),
+//     (echo and the middleware, the bearer token, which the keyring
+//     remembers after the first request, the JSON body and response),
 //     into an httptest.ResponseRecorder: no socket.
 //   - runtime: the same command through [framework.Runtime.WriteWithToken]
 //     with the caller and payload already decoded, as the handler calls it.
