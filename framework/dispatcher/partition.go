@@ -187,14 +187,15 @@ func (d *Dispatcher) convert(ctx context.Context, tx pgx.Tx, l layout, rows []st
 	}
 	rows = fresh[l.base]
 	if !slices.ContainsFunc(rows, func(r storedRow) bool { return !l.fits(r) }) {
-		return nil // replaced meanwhile with l's rows (a rebuild's swap)
+		return nil // replaced meanwhile with l's rows
 	}
 	for _, r := range rows {
 		if _, held := slices.BinarySearch(old, r.name); !held {
-			// Replaced meanwhile (a rebuild's swap, which does not take
-			// the registration lock) with rows whose passes this does not
-			// hold: one may be in flight, and would commit against the
-			// converted rows. The next attempt locks them.
+			// Created meanwhile by a process that does not take the
+			// registration lock (a release before partitions registering
+			// its row): its passes are not held here, one may be in flight
+			// and would commit against the converted rows. The next
+			// attempt locks them.
 			return fmt.Errorf("consumer %s: state row %s appeared while registration waited for the stored rows' passes; try again",
 				label(l.base, l.instance), r.name)
 		}
