@@ -4,20 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -33,126 +28,13 @@ import (
 	"github.com/kumiko-go/kumiko/framework/migrate"
 	"github.com/kumiko-go/kumiko/framework/replica"
 	"github.com/kumiko-go/kumiko/framework/web"
+	"github.com/kumiko-go/kumiko/internal/pgcluster"
 )
-
-// pgBinDir finds the PostgreSQL server binaries: KUMIKO_PG_BINDIR, else
-// the newest /usr/lib/postgresql/*/bin, else PATH.
-func pgBinDir(t *testing.T) string {
-	t.Helper()
-	if d := os.Getenv("KUMIKO_PG_BINDIR"); d != "" {
-		return d
-	}
-	matches, _ := filepath.Glob("/usr/lib/postgresql/*/bin/postgres")
-	if len(matches) > 0 {
-		return filepath.Dir(matches[len(matches)-1])
-	}
-	p, err := exec.LookPath("postgres")
-	require.NoError(t, err, "the replica test needs the PostgreSQL server binaries (set KUMIKO_PG_BINDIR)")
-	return filepath.Dir(p)
-}
-
-// pgServer is a postgres process owned by the test.
-type pgServer struct {
-	port int
-	cmd  *exec.Cmd
-	done chan struct{}
-}
 
 // cluster is a private primary with a streaming standby, both on loopback
 // ports of their own, in a temporary directory.
 type cluster struct {
-	bin              string
-	base             string
-	cred             *syscall.Credential
-	primary, standby *pgServer
-}
-
-// asPostgres runs the PostgreSQL binaries as the postgres OS user when the
-// test runs as root (the server refuses to run as root).
-func asPostgres(t *testing.T) *syscall.Credential {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		return nil
-	}
-	u, err := user.Lookup("postgres")
-	require.NoError(t, err, "running as root, the replica test needs a postgres OS user to run the servers as")
-	uid, _ := strconv.ParseUint(u.Uid, 10, 32)
-	gid, _ := strconv.ParseUint(u.Gid, 10, 32)
-	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
-}
-
-func (c *cluster) command(name string, args ...string) *exec.Cmd {
-	cmd := exec.Command(filepath.Join(c.bin, name), args...)
-	cmd.Env = []string{"PATH=" + c.bin + ":/usr/bin:/bin", "LANG=C", "LC_ALL=C", "HOME=" + c.base}
-	cmd.Dir = c.base
-	if c.cred != nil {
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred}
-	}
-	return cmd
-}
-
-func (c *cluster) run(t *testing.T, name string, args ...string) {
-	t.Helper()
-	out, err := c.command(name, args...).CombinedOutput()
-	require.NoError(t, err, "%s %v: %s", name, args, out)
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-// start runs postgres on dir and waits until it accepts connections.
-func (c *cluster) start(t *testing.T, dir string) *pgServer {
-	t.Helper()
-	s := &pgServer{port: freePort(t), done: make(chan struct{})}
-	s.cmd = c.command("postgres", "-D", dir, "-p", strconv.Itoa(s.port), "-k", c.base,
-		"-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "max_connections=40",
-		"-c", "shared_buffers=16MB", "-c", "wal_level=replica", "-c", "max_wal_senders=4", "-c", "hot_standby=on")
-	logf, err := os.Create(filepath.Join(t.TempDir(), "postgres.log"))
-	require.NoError(t, err)
-	s.cmd.Stdout, s.cmd.Stderr = logf, logf
-	require.NoError(t, s.cmd.Start())
-	go func() { _ = s.cmd.Wait(); _ = logf.Close(); close(s.done) }()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		conn, err := pgx.Connect(t.Context(), c.url(s, "postgres"))
-		if err == nil {
-			_ = conn.Close(t.Context())
-			return s
-		}
-		select {
-		case <-s.done:
-			log, _ := os.ReadFile(logf.Name())
-			t.Fatalf("postgres on %s exited: %s", dir, log)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("postgres on %s does not accept connections: %v", dir, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// stop shuts s down (fast shutdown) and waits.
-func (s *pgServer) stop() {
-	if s == nil || s.cmd.Process == nil {
-		return
-	}
-	_ = s.cmd.Process.Signal(syscall.SIGINT)
-	select {
-	case <-s.done:
-	case <-time.After(20 * time.Second):
-		_ = s.cmd.Process.Kill()
-		<-s.done
-	}
-}
-
-func (c *cluster) url(s *pgServer, db string) string {
-	return fmt.Sprintf("postgres://postgres@127.0.0.1:%d/%s?sslmode=disable", s.port, db)
+	primary, standby *pgcluster.Server
 }
 
 // newCluster initialises a primary, migrates a "kumiko" database on it,
@@ -160,39 +42,25 @@ func (c *cluster) url(s *pgServer, db string) string {
 // standby streaming from the primary.
 func newCluster(t *testing.T) *cluster {
 	t.Helper()
-	c := &cluster{bin: pgBinDir(t), cred: asPostgres(t)}
-	base, err := os.MkdirTemp("", "kumiko-replica-")
-	require.NoError(t, err)
-	c.base = base
-	t.Cleanup(func() {
-		c.standby.stop()
-		c.primary.stop()
-		_ = os.RemoveAll(base)
-	})
-	require.NoError(t, os.Chmod(base, 0o700))
-	if c.cred != nil {
-		require.NoError(t, os.Chown(base, int(c.cred.Uid), int(c.cred.Gid)))
-	}
-	primaryDir, standbyDir := filepath.Join(base, "primary"), filepath.Join(base, "standby")
-	// initdb's pg_hba.conf with --auth=trust admits replication
-	// connections from 127.0.0.1.
-	c.run(t, "initdb", "-D", primaryDir, "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8", "--locale=C")
-	c.primary = c.start(t, primaryDir)
+	d := pgcluster.New(t)
+	settings := []string{"wal_level=replica", "max_wal_senders=4", "hot_standby=on"}
+	c := &cluster{primary: d.Start(d.InitDB("primary"), settings...)}
 
-	admin, err := pgx.Connect(t.Context(), c.url(c.primary, "postgres"))
+	admin, err := pgx.Connect(t.Context(), c.primary.URL("postgres"))
 	require.NoError(t, err)
 	_, err = admin.Exec(t.Context(), `CREATE DATABASE kumiko`)
 	require.NoError(t, err)
 	require.NoError(t, admin.Close(t.Context()))
-	pool, err := pgxpool.New(t.Context(), c.url(c.primary, "kumiko"))
+	pool, err := pgxpool.New(t.Context(), c.primary.URL("kumiko"))
 	require.NoError(t, err)
 	_, err = migrate.Up(t.Context(), pool, nil, nil)
 	pool.Close()
 	require.NoError(t, err)
 
-	c.run(t, "pg_basebackup", "-h", "127.0.0.1", "-p", strconv.Itoa(c.primary.port), "-U", "postgres",
+	standbyDir := filepath.Join(d.Path, "standby")
+	d.Run("pg_basebackup", "-h", "127.0.0.1", "-p", strconv.Itoa(c.primary.Port), "-U", "postgres",
 		"-D", standbyDir, "-R", "-X", "stream", "-c", "fast", "--no-sync")
-	c.standby = c.start(t, standbyDir)
+	c.standby = d.Start(standbyDir, settings...)
 	return c
 }
 
@@ -213,10 +81,10 @@ func TestStreamingReplica(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t)
 	ctx := t.Context()
-	primary, err := pgxpool.New(ctx, c.url(c.primary, "kumiko"))
+	primary, err := pgxpool.New(ctx, c.primary.URL("kumiko"))
 	require.NoError(t, err)
 	t.Cleanup(primary.Close)
-	standby, err := pgxpool.New(ctx, c.url(c.standby, "kumiko"))
+	standby, err := pgxpool.New(ctx, c.standby.URL("kumiko"))
 	require.NoError(t, err)
 	t.Cleanup(standby.Close)
 	var inRecovery bool
@@ -276,7 +144,7 @@ func TestStreamingReplica(t *testing.T) {
 		require.NoError(t, json.Unmarshal(body, &out))
 		return out.Data
 	}
-	standbyAdmin, err := pgx.Connect(ctx, c.url(c.standby, "kumiko"))
+	standbyAdmin, err := pgx.Connect(ctx, c.standby.URL("kumiko"))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = standbyAdmin.Close(context.Background()) })
 
@@ -352,10 +220,10 @@ func TestPromotedReadServerIsCaughtUp(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t)
 	ctx := t.Context()
-	oldPrimary, err := pgxpool.New(ctx, c.url(c.primary, "kumiko"))
+	oldPrimary, err := pgxpool.New(ctx, c.primary.URL("kumiko"))
 	require.NoError(t, err)
 	t.Cleanup(oldPrimary.Close)
-	promoted, err := pgxpool.New(ctx, c.url(c.standby, "kumiko"))
+	promoted, err := pgxpool.New(ctx, c.standby.URL("kumiko"))
 	require.NoError(t, err)
 	t.Cleanup(promoted.Close)
 	var ok bool
@@ -380,7 +248,7 @@ func TestPromotedReadServerIsCaughtUp(t *testing.T) {
 	err = conn.QueryRow(ctx, `SELECT inet_server_port()`).Scan(&port)
 	conn.Release()
 	require.NoError(t, err)
-	require.Equal(t, c.standby.port, port, "the query runs on the promoted read server")
+	require.Equal(t, c.standby.Port, port, "the query runs on the promoted read server")
 	require.Zero(t, router.Fallbacks(replica.ReasonLag), "no wait for a replay that will never come")
 }
 
