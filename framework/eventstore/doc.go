@@ -20,4 +20,14 @@
 // is upserted (or updated with an expected version) first, so the position is
 // drawn after the row lock. Several streams in one transaction must be
 // appended in [SortStreams] order so that writers lock them in one order.
+//
+// # Restoring into a new cluster
+//
+// Commit keys are transaction ids, and a new cluster's transaction ids start
+// low: a log restored there with pg_dump and pg_restore lies above the
+// horizon (nothing is delivered), and new events sort before the restored
+// ones and the consumers' cursors. [CheckCommitKeys] detects it, and its
+// [*CommitKeyAheadError] names the repair: raise the cluster's
+// transaction-id epoch above the log's keys with pg_resetwal -e before any
+// writer starts. pg_upgrade keeps transaction ids and needs nothing.
 package eventstore
