@@ -26,6 +26,7 @@ import (
 	"github.com/kumiko-go/kumiko/framework/admin"
 	"github.com/kumiko-go/kumiko/framework/auth"
 	"github.com/kumiko-go/kumiko/framework/dispatcher"
+	"github.com/kumiko-go/kumiko/framework/eventstore"
 	"github.com/kumiko-go/kumiko/framework/sse"
 	"github.com/kumiko-go/kumiko/framework/web"
 	"github.com/kumiko-go/kumiko/internal/retry"
@@ -356,7 +357,7 @@ func (a *App) Serve(ctx context.Context, ln net.Listener) error {
 	defer stopWork()
 	errc := make(chan error, 2)
 	var wg sync.WaitGroup
-	wg.Go(func() { a.logTenantRole(workCtx) })
+	wg.Go(func() { a.logDatabaseProblems(workCtx) })
 	if a.disp != nil {
 		wg.Go(func() {
 			// The hub's position must be set before its consumer's first
@@ -414,16 +415,22 @@ func (a *App) Serve(ctx context.Context, ln net.Listener) error {
 	return runErr
 }
 
-// logTenantRole logs an ERROR at boot when the database user may not
-// switch to kumiko_tenant (see checkTenantRole): the process still starts
-// (readiness reports the problem), but the cause is in the log at once
-// rather than hidden behind failing requests. An unreachable database is
-// left to the readiness checks.
-func (a *App) logTenantRole(ctx context.Context) {
+// logDatabaseProblems logs an ERROR at boot for each database problem
+// that readiness reports but that would otherwise hide behind failing
+// requests or silent consumers: the database user may not switch to
+// kumiko_tenant (see checkTenantRole), or the event log's commit keys are
+// ahead of the server's transaction ids (a dump restored into a new
+// cluster, see eventstore.CheckCommitKeys). The process still starts. An
+// unreachable database is left to the readiness checks.
+func (a *App) logDatabaseProblems(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, readyBudget)
 	defer cancel()
 	if err := a.checkTenantRole(ctx); errors.Is(err, errNoTenantRole) {
 		a.log.Error("database misconfigured: tenant-scoped transactions will fail", "error", err)
+	}
+	var ahead *eventstore.CommitKeyAheadError
+	if err := eventstore.CheckCommitKeys(ctx, a.pool); errors.As(err, &ahead) {
+		a.log.Error("event log ahead of transaction ids: no event will be delivered", "error", err)
 	}
 }
 

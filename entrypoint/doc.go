@@ -37,10 +37,14 @@
 //
 // GET /health/live answers 200 while the process runs. GET /health/ready
 // answers {status, state, checks:[{name, ok, latencyMs, error?}]} within
-// 2 s: database, redis, migrations, sse (the hub is positioned), consumers
+// 2 s: database, redis, migrations, tenant_role (the database user may SET
+// ROLE kumiko_tenant), event_log (the log's commit keys are below the
+// server's transaction ids, which a dump restored into a new cluster breaks;
+// see eventstore.CheckCommitKeys), sse (the hub is positioned), consumers
 // (the dispatcher has registered its consumers' state rows) and, with
 // Options.ReadyMaxLag, consumer_lag; 503 unless every check passed and the
-// state is ready. GET /metrics serves the process's Prometheus registry
+// state is ready. The tenant_role and event_log problems are also logged as
+// an ERROR at boot. GET /metrics serves the process's Prometheus registry
 // (Go and process collectors, HTTP, dispatcher, SSE, jobs metrics). A worker
 // serves the three on WORKER_HTTP_ADDR.
 package entrypoint

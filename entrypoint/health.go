@@ -12,6 +12,7 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/kumiko-go/kumiko/framework/eventstore"
 	"github.com/kumiko-go/kumiko/framework/migrate"
 	"github.com/kumiko-go/kumiko/framework/tenancy"
 )
@@ -64,6 +65,7 @@ func (a *App) Ready(ctx context.Context) Readiness {
 		{"redis", func(ctx context.Context) error { return a.redis.Ping(ctx).Err() }},
 		{"migrations", func(ctx context.Context) error { return migrate.Check(ctx, a.pool, a.migrations) }},
 		{"tenant_role", a.checkTenantRole},
+		{"event_log", func(ctx context.Context) error { return eventstore.CheckCommitKeys(ctx, a.pool) }},
 	}
 	if a.hub != nil {
 		checks = append(checks, check{"sse", func(context.Context) error {

@@ -1,0 +1,79 @@
+package entrypoint_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kumiko-go/kumiko/entrypoint"
+	"github.com/kumiko-go/kumiko/features"
+	"github.com/kumiko-go/kumiko/framework/eventstore"
+	"github.com/kumiko-go/kumiko/framework/jobs/jobstest"
+	"github.com/kumiko-go/kumiko/framework/kumikotest"
+)
+
+// TestEventLogAheadIsReported: when the log's commit keys are ahead of the
+// server's transaction ids (a dump restored into a new cluster, simulated
+// by a superuser UPDATE), boot logs an ERROR and /health/ready answers 503
+// with the check event_log naming the pg_resetwal that repairs it.
+func TestEventLogAheadIsReported(t *testing.T) {
+	t.Parallel()
+	db := kumikotest.NewDB(t)
+	ctx := context.Background()
+	_, err := eventstore.Append(ctx, db.Pool, eventstore.StreamRef{TenantID: "acme", Type: "thing", ID: "1"}, eventstore.NoStream,
+		[]eventstore.NewEvent{{Type: "restored:event:made", TypeVersion: 1, Payload: json.RawMessage(`{}`)}})
+	require.NoError(t, err)
+	var next uint64
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT pg_snapshot_xmax(pg_current_snapshot())`).Scan(&next))
+	epoch := next>>32 + 2
+	_, err = db.Pool.Exec(ctx, `UPDATE events SET commit_key = $1::text::xid8`, fmt.Sprint(epoch<<32|5))
+	require.NoError(t, err)
+	fix := fmt.Sprintf("pg_resetwal -e %d ", epoch+1)
+
+	rds := jobstest.StartRedis(t)
+	logs := &syncBuffer{}
+	cfg := newConfig(t, map[string]string{"APP_MODE": "api", "DATABASE_URL": db.URL, "REDIS_URL": rds.URL})
+	s := serve(t, entrypoint.Options{Config: cfg, Register: features.Register,
+		Logger: slog.New(slog.NewJSONHandler(logs, nil))})
+	deadline := time.Now().Add(wait)
+	for !strings.Contains(logs.String(), `"level":"ERROR","msg":"event log ahead of transaction ids`) {
+		require.True(t, time.Now().Before(deadline), "no boot ERROR; logs:\n%s", logs.String())
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.Contains(t, logs.String(), fix)
+
+	var body []byte
+	var code int
+	for {
+		reqCtx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		code, body, err = get(reqCtx, s.url+"/health/ready")
+		cancel()
+		require.NoError(t, err)
+		// Until the process is ready, other checks may fail too.
+		if strings.Contains(string(body), `"state":"ready"`) {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "not ready: %s", body)
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.Equal(t, http.StatusServiceUnavailable, code, "%s", body)
+	var r struct {
+		Checks []entrypoint.Check `json:"checks"`
+	}
+	require.NoError(t, json.Unmarshal(body, &r))
+	var failed []string
+	for _, c := range r.Checks {
+		if !c.OK {
+			failed = append(failed, c.Name)
+			require.Contains(t, c.Error, fix)
+		}
+	}
+	require.Equal(t, []string{"event_log"}, failed, "%s", body)
+}
