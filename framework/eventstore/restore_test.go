@@ -16,6 +16,13 @@ import (
 	"github.com/kumiko-go/kumiko/internal/pgcluster"
 )
 
+// readmeEpochSQL is the README's query for the epoch to give pg_resetwal
+// (section "The event log and its guarantees"); keep the two the same.
+const readmeEpochSQL = `SELECT coalesce(max(k) >> 32, -1) + 1 FROM (
+    SELECT commit_key::text::bigint FROM events UNION ALL
+    SELECT last_commit_key::text::bigint FROM streams UNION ALL
+    SELECT cursor_commit_key::text::bigint FROM event_consumers) AS t(k)`
+
 // TestRestoreIntoNewCluster runs the README's procedure for a log dumped
 // with pg_dump and restored with pg_restore into a new cluster: there the
 // restored commit keys lie above the new cluster's transaction ids, so
@@ -85,6 +92,9 @@ func TestRestoreIntoNewCluster(t *testing.T) {
 	require.Equal(t, cursor.CommitKey, ahead.MaxCommitKey)
 	require.Equal(t, uint64(4), ahead.Epoch())
 	require.Contains(t, err.Error(), "pg_resetwal -e 4 ")
+	var readmeEpoch uint64
+	require.NoError(t, poolB.QueryRow(ctx, readmeEpochSQL).Scan(&readmeEpoch))
+	require.Equal(t, ahead.Epoch(), readmeEpoch, "the README's query computes the same epoch")
 	recs, err := eventstore.ReadAfter(ctx, poolB, eventstore.Cursor{}, 100)
 	require.NoError(t, err)
 	require.Empty(t, recs, "the restored events lie above the new cluster's horizon")
