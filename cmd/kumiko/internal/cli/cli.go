@@ -20,6 +20,7 @@ import (
 	"github.com/kumiko-go/kumiko/entrypoint"
 	"github.com/kumiko-go/kumiko/framework"
 	"github.com/kumiko-go/kumiko/framework/auth"
+	"github.com/kumiko-go/kumiko/framework/eventstore"
 	"github.com/kumiko-go/kumiko/framework/migrate"
 	"github.com/kumiko-go/kumiko/framework/web"
 )
@@ -196,6 +197,13 @@ func migrateCmd() *cobra.Command {
 						state = "applied"
 					}
 					fmt.Fprintf(cmd.OutOrStdout(), "%-8s %s\n", state, s.Name)
+				}
+				// A dump restored into a new cluster migrates fine but
+				// delivers nothing: say so where the operator looks after
+				// a restore, without failing the status.
+				var ahead *eventstore.CommitKeyAheadError
+				if err := eventstore.CheckCommitKeys(cmd.Context(), pool); errors.As(err, &ahead) {
+					fmt.Fprintf(cmd.ErrOrStderr(), "warning: %v\n", err)
 				}
 				return nil
 			default:

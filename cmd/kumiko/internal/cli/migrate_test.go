@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +14,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kumiko-go/kumiko/framework/eventstore"
+	"github.com/kumiko-go/kumiko/framework/kumikotest"
 )
 
 // TestConcurrentMigratesCreateTheDatabaseOnce: several `kumiko migrate`
@@ -60,4 +65,34 @@ func TestConcurrentMigratesCreateTheDatabaseOnce(t *testing.T) {
 	var versions int
 	require.NoError(t, admin.QueryRow(ctx, `SELECT count(*) FROM pg_database WHERE datname = $1`, name).Scan(&versions))
 	require.Equal(t, 1, versions)
+}
+
+// TestMigrateStatusReportsEventLogAhead: after a dump restored into a new
+// cluster (simulated by a superuser UPDATE of a commit key), `kumiko
+// migrate status` lists the migrations as before and warns on stderr with
+// the pg_resetwal to run; on a healthy log it says nothing more.
+func TestMigrateStatusReportsEventLogAhead(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	bin := buildKumiko(t)
+	db := kumikotest.NewDB(t)
+	env := []string{"DATABASE_URL=" + db.URL}
+	_, err := eventstore.Append(ctx, db.Pool, eventstore.StreamRef{TenantID: "acme", Type: "thing", ID: "1"}, eventstore.NoStream,
+		[]eventstore.NewEvent{{Type: "restored:event:made", TypeVersion: 1, Payload: json.RawMessage(`{}`)}})
+	require.NoError(t, err)
+	stdout, stderr, code := runKumiko(t, bin, env, "migrate", "status")
+	require.Equal(t, 0, code)
+	require.Contains(t, stdout, "applied ")
+	require.Empty(t, stderr)
+
+	var next uint64
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT pg_snapshot_xmax(pg_current_snapshot())`).Scan(&next))
+	epoch := next>>32 + 2
+	_, err = db.Pool.Exec(ctx, `UPDATE events SET commit_key = $1::text::xid8`, fmt.Sprint(epoch<<32|5))
+	require.NoError(t, err)
+	stdout2, stderr, code := runKumiko(t, bin, env, "migrate", "status")
+	require.Equal(t, 0, code, "the migrations' status is still listed")
+	require.Equal(t, stdout, stdout2)
+	require.Contains(t, stderr, fmt.Sprintf("warning: eventstore: the event log's largest commit key %d ", epoch<<32|5))
+	require.Contains(t, stderr, fmt.Sprintf("pg_resetwal -e %d ", epoch+1))
 }
