@@ -9,12 +9,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kumiko-go/kumiko/framework"
 	"github.com/kumiko-go/kumiko/framework/dispatcher"
 	"github.com/kumiko-go/kumiko/framework/eventstore"
+	"github.com/kumiko-go/kumiko/internal/rawpass"
 )
 
 func init() {
@@ -62,48 +62,12 @@ func fillBacklog(ctx context.Context, pool *pgxpool.Pool, typ string, n int) err
 	return err
 }
 
-// The raw catch-up loop: the same lock / read below the horizon /
-// checkpoint transaction a pass runs, written against pgx directly (BEGIN,
-// lock and read pipelined in one round trip, checkpoint and COMMIT in a
-// second), with a consumer row of its own.
-const (
-	rawLockSQL = `SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))`
-	rawReadSQL = `SELECT e.position, e.commit_key, e.tenant_id, e.stream_type, e.stream_id, e.version, e.type, e.type_version, e.payload, e.metadata, e.created_at
-FROM event_consumers c
-JOIN LATERAL (
-  SELECT * FROM events
-  WHERE (commit_key, position) > (c.cursor_commit_key, c.cursor_position)
-    AND commit_key < pg_snapshot_xmin(pg_current_snapshot())
-  ORDER BY commit_key, position
-  LIMIT $2
-) e ON true
-WHERE c.name = $1 AND c.instance_id = '__shared__'
-ORDER BY e.commit_key, e.position`
-	rawAdvanceSQL = `UPDATE event_consumers SET cursor_commit_key = $2, cursor_position = $3, updated_at = now()
-WHERE name = $1 AND instance_id = '__shared__'`
-)
-
-// rawRow is what the raw loop decodes of each event: every column, JSON
-// left as bytes.
-type rawRow struct {
-	position    int64
-	commitKey   uint64
-	tenant      string
-	streamType  string
-	streamID    string
-	version     int64
-	typ         string
-	typeVersion int
-	payload     []byte
-	metadata    []byte
-	createdAt   time.Time
-}
-
-// rawCatchUp rewinds its cursor and runs raw passes of batch events until
-// n events were read; it returns their number.
+// rawCatchUp puts its own state row at the start of the log and runs raw
+// passes (internal/rawpass: the same lock / read below the horizon /
+// checkpoint transaction a pass runs, written against pgx directly) of
+// batch events until n events were read; it returns their number.
 func rawCatchUp(ctx context.Context, pool *pgxpool.Pool, name string, batch, n int) (int64, error) {
-	if _, err := pool.Exec(ctx, `INSERT INTO event_consumers (name, instance_id) VALUES ($1, '__shared__')
-ON CONFLICT (name, instance_id) DO UPDATE SET cursor_commit_key = '0', cursor_position = 0`, name); err != nil {
+	if _, err := pool.Exec(ctx, rawpass.RegisterSQL, name); err != nil {
 		return 0, err
 	}
 	conn, err := pool.Acquire(ctx)
@@ -113,36 +77,14 @@ ON CONFLICT (name, instance_id) DO UPDATE SET cursor_commit_key = '0', cursor_po
 	defer conn.Release()
 	got := 0
 	for got < n {
-		var locked bool
-		var rows []rawRow
-		b := &pgx.Batch{}
-		b.Queue(`BEGIN`)
-		b.Queue(rawLockSQL, name+"\x1f__shared__").QueryRow(func(r pgx.Row) error { return r.Scan(&locked) })
-		b.Queue(rawReadSQL, name, batch).Query(func(rs pgx.Rows) error {
-			for rs.Next() {
-				var r rawRow
-				if err := rs.Scan(&r.position, &r.commitKey, &r.tenant, &r.streamType, &r.streamID, &r.version,
-					&r.typ, &r.typeVersion, &r.payload, &r.metadata, &r.createdAt); err != nil {
-					return err
-				}
-				rows = append(rows, r)
-			}
-			return rs.Err()
-		})
-		if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		k, err := rawpass.Pass(ctx, conn.Conn(), name, batch)
+		if err != nil {
 			return 0, err
 		}
-		if !locked || len(rows) == 0 {
-			return 0, fmt.Errorf("raw loop stalled after %d events (locked %v)", got, locked)
+		if k == 0 {
+			return 0, fmt.Errorf("raw loop stalled after %d events", got)
 		}
-		last := rows[len(rows)-1]
-		b = &pgx.Batch{}
-		b.Queue(rawAdvanceSQL, name, last.commitKey, last.position)
-		b.Queue(`COMMIT`)
-		if err := conn.SendBatch(ctx, b).Close(); err != nil {
-			return 0, err
-		}
-		got += len(rows)
+		got += k
 	}
 	return int64(got), nil
 }
@@ -150,7 +92,7 @@ ON CONFLICT (name, instance_id) DO UPDATE SET cursor_commit_key = '0', cursor_po
 // dispatcherCatchUp rewinds the consumer and runs RunOnce until n events
 // were delivered; it returns their number.
 func dispatcherCatchUp(ctx context.Context, pool *pgxpool.Pool, d *dispatcher.Dispatcher, name string, n int) (int64, error) {
-	if _, err := pool.Exec(ctx, `UPDATE event_consumers SET cursor_commit_key = '0', cursor_position = 0 WHERE name = $1`, name); err != nil {
+	if _, err := pool.Exec(ctx, rawpass.RewindSQL, name); err != nil {
 		return 0, err
 	}
 	got := 0

@@ -5,43 +5,20 @@ import (
 	"encoding/json"
 	"strconv"
 	"testing"
-	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kumiko-go/kumiko/framework"
 	"github.com/kumiko-go/kumiko/framework/dispatcher"
 	"github.com/kumiko-go/kumiko/framework/eventstore"
 	"github.com/kumiko-go/kumiko/framework/kumikotest"
+	"github.com/kumiko-go/kumiko/internal/rawpass"
 )
 
 // The backlog of BenchmarkRunOnce: benchPasses full batches.
 const (
 	benchBatch  = 500
 	benchPasses = 4
-)
-
-// The raw pass: the lock / read below the horizon / checkpoint transaction
-// of a dispatcher pass, written against pgx directly (the loop
-// cmd/kumiko-bench's dispatcher-catchup baseline runs), on a state row of
-// its own.
-const (
-	rawLockSQL = `SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))`
-	rawReadSQL = `SELECT e.position, e.commit_key, e.tenant_id, e.stream_type, e.stream_id, e.version, e.type, e.type_version, e.payload, e.metadata, e.created_at
-FROM event_consumers c
-JOIN LATERAL (
-  SELECT * FROM events
-  WHERE (commit_key, position) > (c.cursor_commit_key, c.cursor_position)
-    AND commit_key < pg_snapshot_xmin(pg_current_snapshot())
-  ORDER BY commit_key, position
-  LIMIT $2
-) e ON true
-WHERE c.name = $1 AND c.instance_id = '__shared__'
-ORDER BY e.commit_key, e.position`
-	rawAdvanceSQL = `UPDATE event_consumers SET cursor_commit_key = $2, cursor_position = $3, updated_at = now()
-WHERE name = $1 AND instance_id = '__shared__'`
-	rewindSQL = `UPDATE event_consumers SET cursor_commit_key = '0', cursor_position = 0 WHERE name = $1`
 )
 
 // BenchmarkRunOnce measures one pass over a backlog: a batch of 500 events
@@ -73,7 +50,7 @@ func BenchmarkRunOnce(b *testing.B) {
 	if err := d.Register(ctx); err != nil {
 		b.Fatal(err)
 	}
-	if _, err := db.Pool.Exec(ctx, `INSERT INTO event_consumers (name, instance_id) VALUES ('bench:raw', '__shared__')`); err != nil {
+	if _, err := db.Pool.Exec(ctx, rawpass.RegisterSQL, "bench:raw"); err != nil {
 		b.Fatal(err)
 	}
 
@@ -86,7 +63,7 @@ func BenchmarkRunOnce(b *testing.B) {
 		for i := range b.N {
 			if i%benchPasses == 0 {
 				b.StopTimer()
-				if _, err := db.Pool.Exec(ctx, rewindSQL, name); err != nil {
+				if _, err := db.Pool.Exec(ctx, rawpass.RewindSQL, name); err != nil {
 					b.Fatal(err)
 				}
 				b.StartTimer()
@@ -112,7 +89,7 @@ func BenchmarkRunOnce(b *testing.B) {
 			b.Fatal(err)
 		}
 		defer conn.Release()
-		run(b, "bench:raw", func() (int, error) { return rawPass(ctx, conn.Conn(), "bench:raw", benchBatch) })
+		run(b, "bench:raw", func() (int, error) { return rawpass.Pass(ctx, conn.Conn(), "bench:raw", benchBatch) })
 	})
 }
 
@@ -145,50 +122,4 @@ func fillBacklog(b *testing.B, pool *pgxpool.Pool, typ string, n int) {
 	if err := tx.Commit(ctx); err != nil {
 		b.Fatal(err)
 	}
-}
-
-// rawPass runs one raw pass of the state row name: BEGIN, the lock and
-// the read pipelined in one round trip, the checkpoint and COMMIT in a
-// second. It returns the number of events read.
-func rawPass(ctx context.Context, conn *pgx.Conn, name string, limit int) (int, error) {
-	type row struct {
-		position, version int64
-		commitKey         uint64
-		tenant, typ       string
-		streamType, id    string
-		typeVersion       int
-		payload, metadata []byte
-		createdAt         time.Time
-	}
-	var locked bool
-	rows := make([]row, 0, limit)
-	bt := &pgx.Batch{}
-	bt.Queue(`BEGIN`)
-	bt.Queue(rawLockSQL, name+"\x1f__shared__").QueryRow(func(r pgx.Row) error { return r.Scan(&locked) })
-	bt.Queue(rawReadSQL, name, limit).Query(func(rs pgx.Rows) error {
-		for rs.Next() {
-			var r row
-			if err := rs.Scan(&r.position, &r.commitKey, &r.tenant, &r.streamType, &r.id, &r.version,
-				&r.typ, &r.typeVersion, &r.payload, &r.metadata, &r.createdAt); err != nil {
-				return err
-			}
-			rows = append(rows, r)
-		}
-		return rs.Err()
-	})
-	if err := conn.SendBatch(ctx, bt).Close(); err != nil {
-		return 0, err
-	}
-	if !locked || len(rows) == 0 {
-		_, err := conn.Exec(ctx, `ROLLBACK`)
-		return 0, err
-	}
-	last := rows[len(rows)-1]
-	bt = &pgx.Batch{}
-	bt.Queue(rawAdvanceSQL, name, last.commitKey, last.position)
-	bt.Queue(`COMMIT`)
-	if err := conn.SendBatch(ctx, bt).Close(); err != nil {
-		return 0, err
-	}
-	return len(rows), nil
 }
