@@ -69,6 +69,22 @@ func streamInPartition(t *testing.T, b *bundle, i, n int) string {
 	return ""
 }
 
+// passUntilEmpty runs passes of the state row name until one delivers
+// nothing (the caller made its events visible) and returns how many
+// events they delivered.
+func passUntilEmpty(t *testing.T, d *dispatcher.Dispatcher, name string) int {
+	t.Helper()
+	total := 0
+	for {
+		n, err := d.RunOnce(context.Background(), name)
+		require.NoError(t, err)
+		if n == 0 {
+			return total
+		}
+		total += n
+	}
+}
+
 // requireExactlyOnceInStreamOrder checks the delivered table: every event
 // once, and each stream's events in position order.
 func requireExactlyOnceInStreamOrder(t *testing.T, b *bundle, consumer string, want int) {
@@ -183,14 +199,7 @@ func TestPartitioningAConsumerKeepsItsCursor(t *testing.T) {
 	b.db.WaitVisible(t) // a partition's pass stops at the first empty batch
 	total := 0
 	for i := range 3 {
-		for {
-			n, err := three.RunOnce(context.Background(), dispatcher.PartitionName("test:p", i))
-			require.NoError(t, err)
-			if n == 0 {
-				break
-			}
-			total += n
-		}
+		total += passUntilEmpty(t, three, dispatcher.PartitionName("test:p", i))
 	}
 	require.Equal(t, 25, total)
 	requireExactlyOnceInStreamOrder(t, b, "p", 65)
@@ -210,13 +219,7 @@ func TestRepartitioningWaitsForPartitionsToLineUp(t *testing.T) {
 	b.write(t, "t1", 0, 30, 7)
 	b.db.WaitVisible(t)
 	// Partition 0 delivers everything, partition 1 nothing.
-	for {
-		n, err := two.RunOnce(context.Background(), "test:p@0")
-		require.NoError(t, err)
-		if n == 0 {
-			break
-		}
-	}
+	passUntilEmpty(t, two, "test:p@0")
 	behind := count(t, b, `SELECT count(*) FROM events WHERE kumiko_stream_partition(stream_id, 2) = 1`)
 	require.NotZero(t, behind)
 
@@ -244,13 +247,7 @@ func TestRepartitioningWaitsForPartitionsToLineUp(t *testing.T) {
 	b.write(t, "t1", 30, 12, 7)
 	b.db.WaitVisible(t)
 	for i := range 3 {
-		for {
-			n, err := three.RunOnce(context.Background(), dispatcher.PartitionName("test:p", i))
-			require.NoError(t, err)
-			if n == 0 {
-				break
-			}
-		}
+		passUntilEmpty(t, three, dispatcher.PartitionName("test:p", i))
 	}
 	requireExactlyOnceInStreamOrder(t, b, "p", 42)
 }
@@ -503,13 +500,7 @@ func TestRegisterDoesNotConvertRowsReplacedWhileItWaited(t *testing.T) {
 	require.NoError(t, <-passed)
 	require.NoError(t, three.Register(ctx))
 	for i := range 3 {
-		for {
-			n, err := three.RunOnce(ctx, dispatcher.PartitionName("test:p", i))
-			require.NoError(t, err)
-			if n == 0 {
-				break
-			}
-		}
+		passUntilEmpty(t, three, dispatcher.PartitionName("test:p", i))
 	}
 	requireExactlyOnceInStreamOrder(t, b, "p", 1)
 }
