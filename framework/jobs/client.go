@@ -207,8 +207,9 @@ const (
 
 // enqueue puts one run on its lane's queue under taskID. dup reports that
 // nothing was added because the id or the job's Unique window was taken,
-// and which; that is not an error: the run exists. Redis failures are *EnqueueError. dedup retains the
-// completed run for the dedup window, keeping its id taken.
+// and which; that is not an error: the run exists. Redis failures are
+// *EnqueueError. dedup retains the completed run for the dedup window,
+// keeping its id taken.
 func (c *Client) enqueue(ctx context.Context, j *Job, w *wire, taskID string, headers map[string]string, dedup bool) (dup taken, err error) {
 	task, err := newTask(j, w, headers)
 	if err != nil {
