@@ -68,6 +68,10 @@ type Options struct {
 	// SSE tunes the live stream of the api and all-in-one modes (Logger and
 	// Metrics are the process's). Defaults to the sse package's defaults.
 	SSE *sse.Config
+	// EventLogCheckInterval is how often the process checks that the event
+	// log can take events (eventstore.CheckCommitKeys) and pauses or
+	// resumes writes accordingly. Defaults to 10s.
+	EventLogCheckInterval time.Duration
 }
 
 // App is one built process. Build it with [New], run it with [App.Run].
@@ -91,6 +95,8 @@ type App struct {
 	httpSrv  *http.Server
 	maxLag   int64
 	reads    *appReads // entrypoint/reads.go
+	// logCheck is the interval of watchEventLog.
+	logCheck time.Duration
 
 	state    atomic.Value // State
 	hooksMu  sync.Mutex
@@ -114,6 +120,7 @@ func New(ctx context.Context, opts Options) (_ *App, err error) {
 		migrations: opts.Migrations,
 		metrics:    prometheus.NewRegistry(),
 		maxLag:     opts.ReadyMaxLag,
+		logCheck:   cmp.Or(opts.EventLogCheckInterval, 10*time.Second),
 	}
 	a.state.Store(StateStarting)
 	defer func() {
@@ -357,7 +364,8 @@ func (a *App) Serve(ctx context.Context, ln net.Listener) error {
 	defer stopWork()
 	errc := make(chan error, 2)
 	var wg sync.WaitGroup
-	wg.Go(func() { a.logDatabaseProblems(workCtx) })
+	wg.Go(func() { a.logTenantRole(workCtx) })
+	wg.Go(func() { a.watchEventLog(workCtx) })
 	if a.disp != nil {
 		wg.Go(func() {
 			// The hub's position must be set before its consumer's first
@@ -415,22 +423,50 @@ func (a *App) Serve(ctx context.Context, ln net.Listener) error {
 	return runErr
 }
 
-// logDatabaseProblems logs an ERROR at boot for each database problem
-// that readiness reports but that would otherwise hide behind failing
-// requests or silent consumers: the database user may not switch to
-// kumiko_tenant (see checkTenantRole), or the event log's commit keys are
-// ahead of the server's transaction ids (a dump restored into a new
-// cluster, see eventstore.CheckCommitKeys). The process still starts. An
-// unreachable database is left to the readiness checks.
-func (a *App) logDatabaseProblems(ctx context.Context) {
+// logTenantRole logs an ERROR at boot when the database user may not
+// switch to kumiko_tenant (see checkTenantRole): the process still starts
+// (readiness reports the problem), but the cause is in the log at once
+// rather than hidden behind failing requests. An unreachable database is
+// left to the readiness checks.
+func (a *App) logTenantRole(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, readyBudget)
 	defer cancel()
 	if err := a.checkTenantRole(ctx); errors.Is(err, errNoTenantRole) {
 		a.log.Error("database misconfigured: tenant-scoped transactions will fail", "error", err)
 	}
-	var ahead *eventstore.CommitKeyAheadError
-	if err := eventstore.CheckCommitKeys(ctx, a.pool); errors.As(err, &ahead) {
-		a.log.Error("event log ahead of transaction ids: no event will be delivered", "error", err)
+}
+
+// watchEventLog checks at boot and then every logCheck that the event
+// log's commit keys are below the server's transaction ids
+// (eventstore.CheckCommitKeys). While they are not (a dump restored into a
+// new cluster), no event is delivered, and an event appended would sort
+// behind the consumers' cursors and never be delivered: writes are paused
+// (framework.Runtime.BlockWrites: 503 unavailable) and an ERROR is logged;
+// once the operator's repair is in place, writes resume. An unreachable
+// database changes nothing.
+func (a *App) watchEventLog(ctx context.Context) {
+	tick := time.NewTicker(a.logCheck)
+	defer tick.Stop()
+	for {
+		cctx, cancel := context.WithTimeout(ctx, readyBudget)
+		err := eventstore.CheckCommitKeys(cctx, a.pool)
+		cancel()
+		var ahead *eventstore.CommitKeyAheadError
+		switch {
+		case errors.As(err, &ahead):
+			if a.rt.WritesBlocked() == nil {
+				a.log.Error("event log ahead of transaction ids: no event will be delivered; writes paused", "error", err)
+			}
+			a.rt.BlockWrites(err)
+		case err == nil && a.rt.WritesBlocked() != nil:
+			a.rt.BlockWrites(nil)
+			a.log.Info("event log repaired: writes resumed")
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
 	}
 }
 

@@ -22,7 +22,9 @@ import (
 // TestEventLogAheadIsReported: when the log's commit keys are ahead of the
 // server's transaction ids (a dump restored into a new cluster, simulated
 // by a superuser UPDATE), boot logs an ERROR and /health/ready answers 503
-// with the check event_log naming the pg_resetwal that repairs it.
+// with the check event_log naming the pg_resetwal that repairs it. Writes
+// are paused meanwhile (an event appended then would never be delivered)
+// and resume once the log is repaired.
 func TestEventLogAheadIsReported(t *testing.T) {
 	t.Parallel()
 	db := kumikotest.NewDB(t)
@@ -41,7 +43,7 @@ func TestEventLogAheadIsReported(t *testing.T) {
 	logs := &syncBuffer{}
 	cfg := newConfig(t, map[string]string{"APP_MODE": "api", "DATABASE_URL": db.URL, "REDIS_URL": rds.URL})
 	s := serve(t, entrypoint.Options{Config: cfg, Register: features.Register,
-		Logger: slog.New(slog.NewJSONHandler(logs, nil))})
+		Logger: slog.New(slog.NewJSONHandler(logs, nil)), EventLogCheckInterval: 50 * time.Millisecond})
 	deadline := time.Now().Add(wait)
 	for !strings.Contains(logs.String(), `"level":"ERROR","msg":"event log ahead of transaction ids`) {
 		require.True(t, time.Now().Before(deadline), "no boot ERROR; logs:\n%s", logs.String())
@@ -78,4 +80,28 @@ func TestEventLogAheadIsReported(t *testing.T) {
 		require.True(t, time.Now().Before(deadline), "not ready but for event_log: %s", body)
 		time.Sleep(20 * time.Millisecond)
 	}
+
+	place := map[string]any{"type": "orders:write:place", "payload": map[string]any{"customer": "Ada", "amountCents": 100}}
+	code, body, err := post(ctx, t, s.url+"/api/write", "acme", place)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusServiceUnavailable, code, "%s", body)
+	require.Contains(t, string(body), `"code":"unavailable"`)
+	var n int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM events`).Scan(&n))
+	require.Equal(t, 1, n, "nothing written while paused")
+
+	// The repair (here: the key back below the transaction ids).
+	_, err = db.Pool.Exec(ctx, `UPDATE events SET commit_key = '3'`)
+	require.NoError(t, err)
+	for {
+		code, body, err = post(ctx, t, s.url+"/api/write", "acme", place)
+		require.NoError(t, err)
+		if code == http.StatusOK {
+			break
+		}
+		require.Equal(t, http.StatusServiceUnavailable, code, "%s", body)
+		require.True(t, time.Now().Before(deadline.Add(wait)), "writes did not resume")
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.Contains(t, logs.String(), "event log repaired: writes resumed")
 }

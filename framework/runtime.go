@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -46,6 +47,8 @@ type Runtime struct {
 	onCommit []func(int)
 	router   ReadRouter
 	cache    QueryCacheStore
+	// blocked holds the reason writes are refused (see BlockWrites).
+	blocked atomic.Pointer[error]
 }
 
 // NewRuntime builds the registry (failing with every registration problem)
@@ -69,6 +72,28 @@ func NewRuntime(reg *Registry, pool *pgxpool.Pool, cfg *RuntimeConfig) (*Runtime
 		rt.onCommit = append(rt.onCommit, cfg.OnCommit)
 	}
 	return rt, nil
+}
+
+// BlockWrites makes every writing transaction of the runtime (Write,
+// WriteWithToken, InTx) fail at once with a CodeUnavailable *Error that
+// wraps reason, until BlockWrites(nil); queries go on. The entrypoint
+// blocks writes while the event log cannot take events safely (its commit
+// keys are ahead of the server's transaction ids after a restored dump: an
+// event appended then would never be delivered).
+func (rt *Runtime) BlockWrites(reason error) {
+	if reason == nil {
+		rt.blocked.Store(nil)
+		return
+	}
+	rt.blocked.Store(&reason)
+}
+
+// WritesBlocked returns the reason given to BlockWrites, or nil.
+func (rt *Runtime) WritesBlocked() error {
+	if p := rt.blocked.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // Registry returns the runtime's registry.
@@ -327,6 +352,9 @@ func (rt *Runtime) InTx(ctx context.Context, tenant string, meta Metadata, fn fu
 // inTx runs fn in a writing transaction on the primary; a non-nil token
 // receives the commit's consistency token.
 func (rt *Runtime) inTx(ctx context.Context, tenant string, p Principal, meta Metadata, token *string, fn func(ctx context.Context, tx *Tx) error) (int, error) {
+	if reason := rt.WritesBlocked(); reason != nil {
+		return 0, &Error{Code: CodeUnavailable, Message: "writes are paused until an operator repairs the database (see the server log)", Err: reason}
+	}
 	conn, err := rt.pool.Acquire(ctx)
 	if err != nil {
 		return 0, &Error{Code: CodeUnavailable, Message: "database unavailable", Err: err}
