@@ -513,11 +513,14 @@ JOIN LATERAL (
 WHERE c.name = $1 AND c.instance_id = $2
 ORDER BY e.commit_key, e.position`
 	// pendingSQL looks for events after the cursor that are not visible
-	// yet (above the horizon).
+	// yet (above the horizon), of the consumer's types and partition: only
+	// those are worth polling for soon.
 	pendingSQL = `SELECT EXISTS (SELECT 1 FROM events e, event_consumers c
   WHERE c.name = $1 AND c.instance_id = $2
     AND e.commit_key >= pg_snapshot_xmin(pg_current_snapshot())
-    AND (e.commit_key, e.position) > (c.cursor_commit_key, c.cursor_position))`
+    AND (e.commit_key, e.position) > (c.cursor_commit_key, c.cursor_position)
+    AND (c.event_types IS NULL OR e.type = ANY(c.event_types))
+    AND (c.partition_count = 1 OR kumiko_stream_partition(e.stream_id, c.partition_count) = c.partition_index))`
 	advanceSQL = `UPDATE event_consumers SET cursor_commit_key = $3, cursor_position = $4,
   attempts = 0, failed_position = NULL, last_error = NULL, next_attempt_at = NULL, revivals = 0,
   events_processed = events_processed + $5, updated_at = now()

@@ -8,3 +8,10 @@ func (d *Dispatcher) Revive(ctx context.Context) { d.revive(ctx) }
 
 // Heartbeat runs one heartbeat: touch own rows, delete stale ones, measure.
 func (d *Dispatcher) Heartbeat(ctx context.Context) { d.heartbeat(ctx) }
+
+// PassPending runs one pass of the named consumer and reports whether it
+// saw events of its share of the log waiting above the horizon.
+func (d *Dispatcher) PassPending(ctx context.Context, name string) (bool, error) {
+	res, err := d.pass(ctx, d.byName[name])
+	return res.invisible, err
+}

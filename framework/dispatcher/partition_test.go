@@ -518,3 +518,42 @@ func TestRepartitioningKeepsADisabledPartitionPaused(t *testing.T) {
 	require.NoError(t, three.Register(context.Background()))
 	require.Equal(t, 3, count(t, b, `SELECT count(*) FROM event_consumers WHERE name LIKE 'test:p@%' AND partition_count = 3 AND status = 'disabled'`))
 }
+
+// Events waiting above the visibility horizon make a consumer poll again
+// soon, but only events of its own types and partition: others would have
+// every consumer of a busy log re-poll for nothing.
+func TestOnlyOwnEventsAboveTheHorizonHurryAPass(t *testing.T) {
+	t.Parallel()
+	var other framework.EventType[noted]
+	b := setupOrdered(t, func(b *bundle) {
+		other = framework.DefineEvent[noted](b.f, "other", nil)
+		ordered(b, "p", &framework.ProjectionOptions{Partitions: 2}, nil)
+	})
+	d := newDispatcher(t, b, nil)
+	ctx := context.Background()
+	// An open transaction with an xid holds the horizon below what commits
+	// after it.
+	holder, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(ctx) }()
+	_, err = holder.Exec(ctx, `SELECT pg_current_xact_id()`)
+	require.NoError(t, err)
+	s0, s1 := streamInPartition(t, b, 0, 2), streamInPartition(t, b, 1, 2)
+	appendTo := func(stream string, ev framework.EventType[noted]) {
+		_, err := b.rt.InTx(ctx, "t1", framework.Metadata{}, func(ctx context.Context, tx *framework.Tx) error {
+			return tx.Append(framework.Stream{Type: "s", ID: stream}, framework.AnyVersion, ev.With(noted{N: 1}))
+		})
+		require.NoError(t, err)
+	}
+	appendTo(s0, other)   // not of the consumer's types
+	appendTo(s1, b.noted) // of its types, partition 1
+	pending := func(name string) bool {
+		p, err := d.PassPending(ctx, name)
+		require.NoError(t, err)
+		return p
+	}
+	require.False(t, pending("test:p@0"), "another type's event above the horizon")
+	require.True(t, pending("test:p@1"))
+	appendTo(s0, b.noted)
+	require.True(t, pending("test:p@0"))
+}
