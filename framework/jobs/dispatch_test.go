@@ -325,7 +325,7 @@ func TestContextDispatchRetriedParentDispatchesOnce(t *testing.T) {
 			childDone <- in.Report
 			return nil
 		}
-		jobs.Manual[exportInput](b.f, "child", nil, child)
+		typed := jobs.Manual[exportInput](b.f, "child", nil, child)
 		jobs.Manual[exportInput](b.f, "unique-child", &jobs.Options{Unique: time.Hour}, child)
 		jobs.Manual[exportInput](b.f, "parent", fast, func(ctx context.Context, jc *jobs.Context, in exportInput) error {
 			var a attempt
@@ -337,7 +337,14 @@ func TestContextDispatchRetriedParentDispatchesOnce(t *testing.T) {
 				{"test:job:unique-child", "u1", ""},
 				{"test:job:child", "keyed", "k1"},
 			} {
-				id, err := jc.Dispatch(ctx, d.job, exportInput{Report: d.report}, &jobs.DispatchOptions{Key: d.key})
+				var id string
+				var err error
+				if d.report == "c2" {
+					// The typed handle's dispatch from a job is the same.
+					id, err = typed.DispatchFrom(ctx, jc, exportInput{Report: d.report}, nil)
+				} else {
+					id, err = jc.Dispatch(ctx, d.job, exportInput{Report: d.report}, &jobs.DispatchOptions{Key: d.key})
+				}
 				a.ids, a.errs = append(a.ids, id), append(a.errs, err)
 			}
 			mu.Lock()

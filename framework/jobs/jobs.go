@@ -479,6 +479,13 @@ func (m ManualJob[T]) Dispatch(ctx context.Context, c *Client, payload T, opts *
 	return c.Dispatch(ctx, m.Name(), payload, opts)
 }
 
+// DispatchFrom enqueues the job with payload from inside the running job
+// jc, carrying its tenant and ids: a retried run of jc does not dispatch
+// it twice. See [Context.Dispatch].
+func (m ManualJob[T]) DispatchFrom(ctx context.Context, jc *Context, payload T, opts *DispatchOptions) (string, error) {
+	return jc.Dispatch(ctx, m.Name(), payload, opts)
+}
+
 // DispatchTx enqueues the job with payload as part of tx. See [DispatchTx].
 func (m ManualJob[T]) DispatchTx(ctx context.Context, tx *framework.Tx, payload T, opts *DispatchOptions) error {
 	if m.set == nil {
