@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"time"
 
 	"github.com/google/uuid"
@@ -211,6 +212,16 @@ const (
 // *EnqueueError. dedup retains the completed run for the dedup window,
 // keeping its id taken.
 func (c *Client) enqueue(ctx context.Context, j *Job, w *wire, taskID string, headers map[string]string, dedup bool) (dup taken, err error) {
+	if dedup {
+		// The id is derived and can be taken again by a later run once
+		// asynq has dropped this one: the run id tells their children
+		// apart (see childTaskID).
+		headers = maps.Clone(headers)
+		if headers == nil {
+			headers = map[string]string{}
+		}
+		headers[headerRun] = uuid.Must(uuid.NewV7()).String()
+	}
 	task, err := newTask(j, w, headers)
 	if err != nil {
 		return takenNone, fmt.Errorf("jobs: %s: %w", j.name, err)

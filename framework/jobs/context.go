@@ -39,6 +39,8 @@ type Context struct {
 	rt       *framework.Runtime
 	client   *Client
 	children *children
+	// run is the run's id (its headerRun), the same in every attempt.
+	run string
 }
 
 // children counts an attempt's unkeyed [Context.Dispatch] calls per job
@@ -82,9 +84,13 @@ func (c *Context) InTx(ctx context.Context, fn func(ctx context.Context, tx *fra
 // at least once: an attempt that dispatched and then failed, or whose
 // worker died before asynq recorded its success, runs again under the same
 // task id. Without a Key, the n-th dispatch of job name in an attempt gets
-// the task id "<name>@child-<hash of the run's task id and n>", the same in
-// every attempt of the run; when the id is taken the child was dispatched
-// by an earlier attempt, and Dispatch returns its id and no error. This
+// the task id "<name>@child-<hash of the run's task id, run id and n>",
+// the same in every attempt of the run; when the id is taken the child was
+// dispatched by an earlier attempt, and Dispatch returns its id and no
+// error. The run id is drawn when a derived task id is enqueued, so a new
+// run under an earlier run's id (a keyed dispatch after its window, a
+// rewound trigger) dispatches new children, even while the earlier run's
+// are still kept (archived, or retained after finishing later). This
 // assumes the handler is deterministic: each attempt dispatches the same
 // children of a job in the same order. When it is not (the children come
 // from data that may change between attempts, or are dispatched from
@@ -110,7 +116,7 @@ func (c *Context) Dispatch(ctx context.Context, name string, payload any, opts *
 	o.CausationID = cmp.Or(o.CausationID, c.TaskID)
 	var childID string
 	if o.Key == "" && c.TaskID != "" && c.children != nil {
-		childID = childTaskID(name, c.TaskID, c.children.next(name))
+		childID = childTaskID(name, c.TaskID, c.run, c.children.next(name))
 	}
 	return c.client.dispatch(ctx, name, payload, &o, childID)
 }

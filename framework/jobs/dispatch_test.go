@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kumiko-go/kumiko/framework"
@@ -390,4 +391,56 @@ func TestContextDispatchRetriedParentDispatchesOnce(t *testing.T) {
 	require.NoError(t, retry.errs[1])
 	require.NoError(t, retry.errs[2])
 	require.ErrorIs(t, retry.errs[3], jobs.ErrDuplicate, "a keyed dispatch reports its duplicate, as Client.Dispatch does")
+}
+
+// TestContextDispatchNewRunOfKeyedParentDispatchesAgain: a keyed parent
+// dispatched again after its dedup window is a new run under the same task
+// id; its children are new runs too, although the earlier run's child is
+// still kept (archived, for 90 days, or finished after its parent and so
+// retained longer). Only the retries of one run share their children.
+func TestContextDispatchNewRunOfKeyedParentDispatchesAgain(t *testing.T) {
+	t.Parallel()
+	var (
+		mu   sync.Mutex
+		errs []error
+	)
+	b := setup(t, func(b *bundle) {
+		jobs.Manual[exportInput](b.f, "child", &jobs.Options{MaxRetries: -1}, func(ctx context.Context, jc *jobs.Context, in exportInput) error {
+			if err := insertRun(ctx, jc, jc.Job, in.Report, jc.TaskID); err != nil {
+				return err
+			}
+			return errors.New("the child fails and is archived")
+		})
+		jobs.Manual[exportInput](b.f, "parent", nil, func(ctx context.Context, jc *jobs.Context, in exportInput) error {
+			_, err := jc.Dispatch(ctx, "test:job:child", exportInput{Report: in.Report}, nil)
+			mu.Lock()
+			errs = append(errs, err)
+			mu.Unlock()
+			return err
+		})
+	})
+	r := b.runner(t, nil)
+	ctx := context.Background()
+	opts := &jobs.DispatchOptions{TenantID: "acme", Key: "nightly"}
+	parentID, err := r.Client().Dispatch(ctx, "test:job:parent", exportInput{Report: "first"}, opts)
+	require.NoError(t, err)
+	drained(t, r.Inspector())
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM runs WHERE ref = 'first'`))
+
+	// The parent's dedup window ends (asynq drops its retained run); the
+	// archived child stays.
+	parent, err := r.Inspector().Get(ctx, "", parentID)
+	require.NoError(t, err)
+	require.NoError(t, asynq.NewInspectorFromRedisClient(b.rdb).DeleteTask(parent.Queue, parentID))
+
+	again, err := r.Client().Dispatch(ctx, "test:job:parent", exportInput{Report: "second"}, opts)
+	require.NoError(t, err, "the key's window has passed: a new run")
+	require.Equal(t, parentID, again)
+	eventually(t, "the second parent run", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(errs) == 2
+	})
+	drained(t, r.Inspector())
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM runs WHERE ref = 'second'`), "the new run's child ran")
 }

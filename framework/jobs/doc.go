@@ -55,8 +55,8 @@
 // task id derived from the job and the tick's time, so any number of
 // workers produce one run per tick. [Client.Dispatch] enqueues directly.
 // A job that dispatches another ([Context.Dispatch]) derives the child's
-// task id from its own task id and the dispatch's place in the run, so a
-// retried parent does not run its children twice.
+// task id from its own run (task id and run id) and the dispatch's place
+// in the run, so a retried parent does not run its children twice.
 //
 // # Lanes
 //

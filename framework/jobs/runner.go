@@ -266,6 +266,7 @@ func (r *Runner) handler(lane framework.RunIn, j *Job) asynq.HandlerFunc {
 		jc.MaxRetry, _ = asynq.GetMaxRetry(ctx)
 		h := t.Headers()
 		jc.CorrelationID, jc.CausationID, jc.UserID = h[headerCorrelation], h[headerCausation], h[headerUser]
+		jc.run = h[headerRun]
 		if v := h[headerEventAt]; v != "" {
 			if at, perr := time.Parse(time.RFC3339Nano, v); perr == nil {
 				r.metrics.eventToStart.WithLabelValues(string(lane), j.name).Observe(start.Sub(at).Seconds())

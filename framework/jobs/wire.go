@@ -24,6 +24,11 @@ const (
 	headerCausation   = "kumiko-causation-id"
 	headerUser        = "kumiko-user-id"
 	headerEventAt     = "kumiko-event-at"
+	// headerRun tells apart the runs of a derived task id: the id is taken
+	// again once asynq has dropped its earlier run (a Key after its window,
+	// a rewound trigger), and the new run's children must not be the
+	// earlier run's (see childTaskID). Every attempt of one run has it.
+	headerRun = "kumiko-run-id"
 )
 
 // wire is a task's payload: the tenant and the job's input. The ids travel
@@ -132,11 +137,16 @@ func keyTaskID(job, tenant, key string) string {
 }
 
 // childTaskID is the id of the n-th dispatch (from 1) of job without a Key
-// by the run parent (its task id) through [Context.Dispatch]. Like a key,
-// the parent's id is hashed: it is itself derived and may be a child's, so
-// that ids stay short along a chain of dispatches, and the NUL keeps
-// (parent, n) unambiguous.
-func childTaskID(job, parent string, n int) string {
+// by the run parent (its task id; run, its run id header, tells it from
+// another run that reused a derived id) through [Context.Dispatch]. Like a
+// key, the parent's id is hashed: it is itself derived and may be a
+// child's, so that ids stay short along a chain of dispatches, and the
+// NULs keep (parent, run, n) unambiguous. A run without a run id (enqueued
+// by an earlier version) hashes (parent, n).
+func childTaskID(job, parent, run string, n int) string {
+	if run != "" {
+		parent += "\x00" + run
+	}
 	sum := sha256.Sum256([]byte(parent + "\x00" + strconv.Itoa(n)))
 	return job + "@child-" + hex.EncodeToString(sum[:12])
 }
