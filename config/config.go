@@ -258,6 +258,12 @@ func Load() (*Config, error) {
 // libpq variables (PGHOST, PGPASSWORD, PGSSLMODE, ...) and files (.pgpass,
 // sslrootcert) for settings the connection string leaves out.
 func FromLookup(lookup func(string) (string, bool)) (*Config, error) {
+	return fromLookup(lookup, true)
+}
+
+// fromLookup is [FromLookup]; requireDatabase false makes DATABASE_URL
+// optional (checked when set), for a command that opens no database.
+func fromLookup(lookup func(string) (string, bool), requireDatabase bool) (*Config, error) {
 	l := &loader{lookup: lookup}
 	var primary, replica *pgxpool.Config
 	c := &Config{Mode: l.mode("APP_MODE")}
@@ -265,7 +271,7 @@ func FromLookup(lookup func(string) (string, bool)) (*Config, error) {
 	c.WorkerHTTPAddr = l.addr("WORKER_HTTP_ADDR", defaultWorkerHTTPAddr)
 	c.HTTPReadTimeout = l.millis("HTTP_READ_TIMEOUT_MS", defaultHTTPReadTimeout, false, 0)
 	c.HTTPIdleTimeout = l.millis("HTTP_IDLE_TIMEOUT_MS", defaultHTTPIdleTimeout, false, 0)
-	c.DatabaseURL, primary = l.databaseURL("DATABASE_URL", true)
+	c.DatabaseURL, primary = l.databaseURL("DATABASE_URL", requireDatabase)
 	c.DatabaseReadURL, replica = l.databaseURL("DATABASE_READ_URL", false)
 	poolMax := l.intRange("DATABASE_POOL_MAX", defaultDatabasePoolMax, 1, maxDatabasePoolMax)
 	c.DatabasePoolMax = int32(poolMax) //nolint:gosec // intRange bounds it to 1..1000.
@@ -642,6 +648,19 @@ func LoadForTool() (*Config, error) {
 		}
 		return os.LookupEnv(name)
 	})
+}
+
+// LoadForRegistry reads the configuration for a CLI command that only
+// registers the application's features and opens nothing (kumiko jobs
+// declared): like [LoadForTool], but DATABASE_URL is optional (checked when
+// set), so that such a command runs where no database is configured.
+func LoadForRegistry() (*Config, error) {
+	return fromLookup(func(name string) (string, bool) {
+		if name == "APP_MODE" {
+			return string(ModeWorker), true
+		}
+		return os.LookupEnv(name)
+	}, false)
 }
 
 // LoadJWTKeys reads only JWT_SECRET (for `kumiko token`).

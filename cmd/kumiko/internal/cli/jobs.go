@@ -57,8 +57,9 @@ func jobsDeclaredCmd(register func(*framework.Registry, *config.Config)) *cobra.
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// The configuration sets schedules (KUMIKO_SAMPLE_CRON):
-			// list the ones `kumiko serve` would run.
-			cfg, err := config.LoadForTool()
+			// list the ones `kumiko serve` would run. No database is
+			// opened, so none needs to be configured.
+			cfg, err := config.LoadForRegistry()
 			if err != nil {
 				return fmt.Errorf("configuration:\n%w", err)
 			}

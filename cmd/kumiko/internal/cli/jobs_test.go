@@ -76,3 +76,22 @@ func buildKumiko(t *testing.T) string {
 	require.NoError(t, err, string(out))
 	return bin
 }
+
+// TestJobsDeclaredWithoutDatabase: `kumiko jobs declared` lists the code's
+// jobs and opens no database, so, as before it read the configuration, it
+// runs without DATABASE_URL (in CI, on a laptop); the variables it does
+// read are still checked.
+func TestJobsDeclaredWithoutDatabase(t *testing.T) {
+	t.Parallel()
+	bin := buildKumiko(t)
+	stdout, stderr, code := runKumiko(t, bin, []string{"DATABASE_URL=", "KUMIKO_SAMPLE_CRON=@every 2s"}, "jobs", "declared")
+	require.Equal(t, 0, code, stderr)
+	require.Regexp(t, `(?m)^users:job:nightly-report +cron @every 2s +worker `, stdout)
+
+	stdout, stderr, code = runKumiko(t, bin, []string{"DATABASE_URL=", "KUMIKO_SAMPLE_CRON=61 * * * *"}, "jobs", "declared")
+	require.Equal(t, 1, code)
+	require.Empty(t, stdout)
+	require.Equal(t, "kumiko: configuration:\n"+
+		"KUMIKO_SAMPLE_CRON: must be a cron spec such as \"0 2 * * *\" or \"@every 2s\", got \"61 * * * *\": end of range (61) above maximum (59): 61\n",
+		stderr)
+}
