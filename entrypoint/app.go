@@ -70,7 +70,9 @@ type Options struct {
 	SSE *sse.Config
 	// EventLogCheckInterval is how often the process checks that the event
 	// log can take events (eventstore.CheckCommitKeys) and pauses or
-	// resumes writes accordingly. Defaults to 10s.
+	// resumes writes accordingly; it also checks at boot, before anything
+	// writes, every second until a check has answered, and with each
+	// readiness probe. Defaults to 10s.
 	EventLogCheckInterval time.Duration
 }
 
@@ -97,6 +99,8 @@ type App struct {
 	reads    *appReads // entrypoint/reads.go
 	// logCheck is the interval of watchEventLog.
 	logCheck time.Duration
+	// logMu orders noteEventLog's pauses, resumptions and their log lines.
+	logMu sync.Mutex
 
 	state    atomic.Value // State
 	hooksMu  sync.Mutex
@@ -365,6 +369,12 @@ func (a *App) Serve(ctx context.Context, ln net.Listener) error {
 	errc := make(chan error, 2)
 	var wg sync.WaitGroup
 	wg.Go(func() { a.logTenantRole(workCtx) })
+	// Writes wait for the event log's first check (see noteEventLog),
+	// which runs here, before anything that writes starts.
+	a.rt.BlockWrites(errEventLogUnchecked)
+	checkCtx, cancelCheck := context.WithTimeout(workCtx, readyBudget)
+	a.noteEventLog(eventstore.CheckCommitKeys(checkCtx, a.pool))
+	cancelCheck()
 	wg.Go(func() { a.watchEventLog(workCtx) })
 	if a.disp != nil {
 		wg.Go(func() {
@@ -436,36 +446,66 @@ func (a *App) logTenantRole(ctx context.Context) {
 	}
 }
 
-// watchEventLog checks at boot and then every logCheck that the event
-// log's commit keys are below the server's transaction ids
-// (eventstore.CheckCommitKeys). While they are not (a dump restored into a
-// new cluster), no event is delivered, and an event appended would sort
-// behind the consumers' cursors and never be delivered: writes are paused
-// (framework.Runtime.BlockWrites: 503 unavailable) and an ERROR is logged;
-// once the operator's repair is in place, writes resume. An unreachable
-// database changes nothing.
+// watchEventLog checks every logCheck that the event log's commit keys
+// are below the server's transaction ids (eventstore.CheckCommitKeys,
+// noted by noteEventLog). Serve has checked once before anything could
+// write; until a check has answered, writes stay paused and the check is
+// retried every uncheckedRetry. A check that does not answer later (an
+// unreachable database) changes nothing.
 func (a *App) watchEventLog(ctx context.Context) {
-	tick := time.NewTicker(a.logCheck)
-	defer tick.Stop()
 	for {
-		cctx, cancel := context.WithTimeout(ctx, readyBudget)
-		err := eventstore.CheckCommitKeys(cctx, a.pool)
-		cancel()
-		var ahead *eventstore.CommitKeyAheadError
-		switch {
-		case errors.As(err, &ahead):
-			if a.rt.WritesBlocked() == nil {
-				a.log.Error("event log ahead of transaction ids: no event will be delivered; writes paused", "error", err)
-			}
-			a.rt.BlockWrites(err)
-		case err == nil && a.rt.WritesBlocked() != nil:
-			a.rt.BlockWrites(nil)
-			a.log.Info("event log repaired: writes resumed")
+		interval := a.logCheck
+		if errors.Is(a.rt.WritesBlocked(), errEventLogUnchecked) {
+			interval = min(interval, uncheckedRetry)
 		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick.C:
+		case <-time.After(interval):
+		}
+		cctx, cancel := context.WithTimeout(ctx, readyBudget)
+		a.noteEventLog(eventstore.CheckCommitKeys(cctx, a.pool))
+		cancel()
+	}
+}
+
+// errEventLogUnchecked is the reason writes are paused from boot until a
+// check of the event log has answered.
+var errEventLogUnchecked = errors.New("entrypoint: the event log's commit keys are not checked yet (is the database reachable?)")
+
+// uncheckedRetry is how often watchEventLog checks while no check has
+// answered yet.
+const uncheckedRetry = time.Second
+
+// noteEventLog pauses or resumes writes after a check of the event log
+// (watchEventLog's, or the readiness check event_log). While the log's
+// commit keys are ahead of the server's transaction ids (a dump restored
+// into a new cluster), no event is delivered, and an event appended would
+// sort behind the consumers' cursors and never be delivered: writes are
+// paused (framework.Runtime.BlockWrites: 503 unavailable) and an ERROR is
+// logged once; once the operator's repair is in place, writes resume. A
+// check that did not answer (err neither nil nor the log's) changes
+// nothing: paused before the first answer, writes stay paused.
+func (a *App) noteEventLog(err error) {
+	var ahead *eventstore.CommitKeyAheadError
+	isAhead := errors.As(err, &ahead)
+	if !isAhead && err != nil {
+		return
+	}
+	a.logMu.Lock()
+	defer a.logMu.Unlock()
+	prev := a.rt.WritesBlocked()
+	var wasAhead *eventstore.CommitKeyAheadError
+	switch {
+	case isAhead:
+		if !errors.As(prev, &wasAhead) {
+			a.log.Error("event log ahead of transaction ids: no event will be delivered; writes paused", "error", err)
+		}
+		a.rt.BlockWrites(err)
+	case prev != nil:
+		a.rt.BlockWrites(nil)
+		if errors.As(prev, &wasAhead) {
+			a.log.Info("event log repaired: writes resumed")
 		}
 	}
 }

@@ -44,9 +44,11 @@
 // (the dispatcher has registered its consumers' state rows) and, with
 // Options.ReadyMaxLag, consumer_lag; 503 unless every check passed and the
 // state is ready. The tenant_role and event_log problems are also logged as
-// an ERROR at boot; while event_log fails (checked every
-// Options.EventLogCheckInterval), writes are paused with 503 unavailable,
-// since an event appended then would never be delivered. GET /metrics serves the process's Prometheus registry
+// an ERROR at boot; while event_log fails (checked at boot before anything
+// writes, then every Options.EventLogCheckInterval and by each readiness
+// probe), writes are paused with 503 unavailable, since an event appended
+// then would never be delivered; they stay paused, too, until a first check
+// has answered. GET /metrics serves the process's Prometheus registry
 // (Go and process collectors, HTTP, dispatcher, SSE, jobs metrics). A worker
 // serves the three on WORKER_HTTP_ADDR.
 package entrypoint

@@ -105,3 +105,59 @@ func TestEventLogAheadIsReported(t *testing.T) {
 	}
 	require.Contains(t, logs.String(), "event log repaired: writes resumed")
 }
+
+// TestEventLogUncheckedPausesWrites: when the boot check of the event log
+// cannot answer (here it waits on a lock of the events table until its
+// budget runs out, as it would on an unreachable or stalled database),
+// writes stay paused until a check answers; they must not go through for a
+// whole check interval, since on a restored log an event appended then
+// would never be delivered.
+func TestEventLogUncheckedPausesWrites(t *testing.T) {
+	t.Parallel()
+	db := kumikotest.NewDB(t)
+	ctx := context.Background()
+	_, err := eventstore.Append(ctx, db.Pool, eventstore.StreamRef{TenantID: "acme", Type: "thing", ID: "1"}, eventstore.NoStream,
+		[]eventstore.NewEvent{{Type: "restored:event:made", TypeVersion: 1, Payload: json.RawMessage(`{}`)}})
+	require.NoError(t, err)
+	var next uint64
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT pg_snapshot_xmax(pg_current_snapshot())`).Scan(&next))
+	_, err = db.Pool.Exec(ctx, `UPDATE events SET commit_key = $1::text::xid8`, fmt.Sprint((next>>32+2)<<32|5))
+	require.NoError(t, err)
+
+	lock, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = lock.Rollback(ctx) }()
+	_, err = lock.Exec(ctx, `LOCK TABLE events IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+
+	rds := jobstest.StartRedis(t)
+	cfg := newConfig(t, map[string]string{"APP_MODE": "api", "DATABASE_URL": db.URL, "REDIS_URL": rds.URL})
+	s := serve(t, entrypoint.Options{Config: cfg, Register: features.Register, EventLogCheckInterval: time.Hour})
+
+	// The boot check waits on the lock, then gives up.
+	checking := func() bool {
+		var n int
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND state = 'active' AND pid <> pg_backend_pid()
+  AND query LIKE 'SELECT commit_key, pg_snapshot_xmax%'`).Scan(&n))
+		return n > 0
+	}
+	deadline := time.Now().Add(wait)
+	for !checking() {
+		require.True(t, time.Now().Before(deadline), "the boot check never ran")
+		time.Sleep(10 * time.Millisecond)
+	}
+	for checking() {
+		require.True(t, time.Now().Before(deadline), "the boot check did not give up")
+		time.Sleep(10 * time.Millisecond)
+	}
+	require.NoError(t, lock.Rollback(ctx))
+
+	place := map[string]any{"type": "orders:write:place", "payload": map[string]any{"customer": "Ada", "amountCents": 100}}
+	code, body, err := post(ctx, t, s.url+"/api/write", "acme", place)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusServiceUnavailable, code, "%s", body)
+	var n int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM events`).Scan(&n))
+	require.Equal(t, 1, n, "nothing written before the log was checked")
+}

@@ -65,7 +65,12 @@ func (a *App) Ready(ctx context.Context) Readiness {
 		{"redis", func(ctx context.Context) error { return a.redis.Ping(ctx).Err() }},
 		{"migrations", func(ctx context.Context) error { return migrate.Check(ctx, a.pool, a.migrations) }},
 		{"tenant_role", a.checkTenantRole},
-		{"event_log", func(ctx context.Context) error { return eventstore.CheckCommitKeys(ctx, a.pool) }},
+		{"event_log", func(ctx context.Context) error {
+			// The answer also pauses or resumes writes (see noteEventLog).
+			err := eventstore.CheckCommitKeys(ctx, a.pool)
+			a.noteEventLog(err)
+			return err
+		}},
 	}
 	if a.hub != nil {
 		checks = append(checks, check{"sse", func(context.Context) error {
