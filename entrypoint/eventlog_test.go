@@ -19,6 +19,23 @@ import (
 	"github.com/kumiko-go/kumiko/framework/kumikotest"
 )
 
+// restoredLogAhead appends one event and moves its commit key ahead of the
+// server's transaction ids, as a dump restored into a new cluster leaves
+// it (by a superuser UPDATE); it returns the key's epoch.
+func restoredLogAhead(t *testing.T, db *kumikotest.DB) uint64 {
+	t.Helper()
+	ctx := context.Background()
+	_, err := eventstore.Append(ctx, db.Pool, eventstore.StreamRef{TenantID: "acme", Type: "thing", ID: "1"}, eventstore.NoStream,
+		[]eventstore.NewEvent{{Type: "restored:event:made", TypeVersion: 1, Payload: json.RawMessage(`{}`)}})
+	require.NoError(t, err)
+	var next uint64
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT pg_snapshot_xmax(pg_current_snapshot())`).Scan(&next))
+	epoch := next>>32 + 2
+	_, err = db.Pool.Exec(ctx, `UPDATE events SET commit_key = $1::text::xid8`, fmt.Sprint(epoch<<32|5))
+	require.NoError(t, err)
+	return epoch
+}
+
 // TestEventLogAheadIsReported: when the log's commit keys are ahead of the
 // server's transaction ids (a dump restored into a new cluster, simulated
 // by a superuser UPDATE), boot logs an ERROR and /health/ready answers 503
@@ -29,14 +46,7 @@ func TestEventLogAheadIsReported(t *testing.T) {
 	t.Parallel()
 	db := kumikotest.NewDB(t)
 	ctx := context.Background()
-	_, err := eventstore.Append(ctx, db.Pool, eventstore.StreamRef{TenantID: "acme", Type: "thing", ID: "1"}, eventstore.NoStream,
-		[]eventstore.NewEvent{{Type: "restored:event:made", TypeVersion: 1, Payload: json.RawMessage(`{}`)}})
-	require.NoError(t, err)
-	var next uint64
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT pg_snapshot_xmax(pg_current_snapshot())`).Scan(&next))
-	epoch := next>>32 + 2
-	_, err = db.Pool.Exec(ctx, `UPDATE events SET commit_key = $1::text::xid8`, fmt.Sprint(epoch<<32|5))
-	require.NoError(t, err)
+	epoch := restoredLogAhead(t, db)
 	fix := fmt.Sprintf("pg_resetwal -e %d ", epoch+1)
 
 	rds := jobstest.StartRedis(t)
@@ -116,13 +126,7 @@ func TestEventLogUncheckedPausesWrites(t *testing.T) {
 	t.Parallel()
 	db := kumikotest.NewDB(t)
 	ctx := context.Background()
-	_, err := eventstore.Append(ctx, db.Pool, eventstore.StreamRef{TenantID: "acme", Type: "thing", ID: "1"}, eventstore.NoStream,
-		[]eventstore.NewEvent{{Type: "restored:event:made", TypeVersion: 1, Payload: json.RawMessage(`{}`)}})
-	require.NoError(t, err)
-	var next uint64
-	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT pg_snapshot_xmax(pg_current_snapshot())`).Scan(&next))
-	_, err = db.Pool.Exec(ctx, `UPDATE events SET commit_key = $1::text::xid8`, fmt.Sprint((next>>32+2)<<32|5))
-	require.NoError(t, err)
+	restoredLogAhead(t, db)
 
 	lock, err := db.Pool.Begin(ctx)
 	require.NoError(t, err)
