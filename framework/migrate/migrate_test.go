@@ -2,6 +2,7 @@ package migrate_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -76,4 +77,26 @@ func TestApplyAnswersWhatItApplied(t *testing.T) {
 	n, err := migrate.Up(ctx, db.Pool, nil, nil)
 	require.NoError(t, err)
 	require.Zero(t, n)
+}
+
+// kumiko_stream_partition runs in the filter of every pass of a partitioned
+// consumer, on each event it reads past (those of the other partitions
+// too), and in the lag, readiness and retention queries. The planner must
+// inline it: called as a SQL function it costs some twenty times as much
+// per row. It maps every stream as before.
+func TestStreamPartitionIsInlined(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := kumikotest.NewDB(t)
+	rows, err := db.Pool.Query(ctx, `EXPLAIN (VERBOSE, COSTS OFF) SELECT kumiko_stream_partition(stream_id, 4) FROM events`)
+	require.NoError(t, err)
+	plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.NotContains(t, strings.Join(plan, "\n"), "kumiko_stream_partition(", "the function is called, not inlined")
+
+	var mismatched int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM generate_series(1, 2000) g, generate_series(0, 64) n
+		WHERE kumiko_stream_partition(g::text, n) IS DISTINCT FROM
+		  CASE WHEN n <= 1 THEN 0 ELSE (((hashtextextended(g::text, 0) % n) + n) % n)::int END`).Scan(&mismatched))
+	require.Zero(t, mismatched, "a stream changed partitions")
 }
