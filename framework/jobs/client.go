@@ -63,7 +63,9 @@ type DispatchOptions struct {
 	// the same key in the same tenant run once within the dedup window of
 	// the runner (24 hours by default). Defaults to "": every
 	// [Client.Dispatch] runs, and a job's [Context.Dispatch] runs once per
-	// run of the dispatching job however often that run is retried.
+	// run of the dispatching job however often that run is retried. A
+	// taken key is [ErrDuplicate], except for a [Context.Dispatch] whose
+	// own run (an earlier attempt of it) dispatched the key.
 	Key string
 	// CorrelationID is the run's correlation id ([Client.Dispatch] only;
 	// [Set.DispatchTx] uses the transaction's). Defaults to the run's task
@@ -101,6 +103,7 @@ func IsTransient(err error) bool {
 type Client struct {
 	set       *Set
 	aq        *asynq.Client
+	in        *asynq.Inspector
 	rdb       redis.UniversalClient
 	prefix    string
 	retention time.Duration
@@ -120,14 +123,16 @@ type Client struct {
 // job use [Context.Dispatch], which makes a retried run's dispatches
 // duplicates of its earlier attempt's.
 func (c *Client) Dispatch(ctx context.Context, name string, payload any, opts *DispatchOptions) (string, error) {
-	return c.dispatch(ctx, name, payload, opts, "")
+	return c.dispatch(ctx, name, payload, opts, "", "")
 }
 
-// dispatch is [Client.Dispatch]; childID, when not "" and opts has no Key,
-// is the run's task id derived by [Context.Dispatch]. The id being taken
-// then means this very dispatch was enqueued by an earlier attempt of the
-// dispatching run: it returns the id and no error.
-func (c *Client) dispatch(ctx context.Context, name string, payload any, opts *DispatchOptions, childID string) (string, error) {
+// dispatch is [Client.Dispatch] for [Context.Dispatch] when parent is not
+// "": parent names the dispatching run (see parentRun), and childID, when
+// opts has no Key, is the task id Context.Dispatch derived. A taken id is
+// then no error when the taken task is this very dispatch, enqueued by an
+// earlier attempt of the dispatching run: always for a derived childID,
+// and for a Key when the task's headerParent names the run.
+func (c *Client) dispatch(ctx context.Context, name string, payload any, opts *DispatchOptions, parent, childID string) (string, error) {
 	if opts == nil {
 		opts = &DispatchOptions{}
 	}
@@ -145,8 +150,16 @@ func (c *Client) dispatch(ctx context.Context, name string, payload any, opts *D
 	}
 	// Without ids the run's correlation id is its task id (see the
 	// handler); no headers keep the task small.
-	hdr := map[string]string{headerCorrelation: opts.CorrelationID, headerCausation: opts.CausationID}
+	hdr := map[string]string{headerCorrelation: opts.CorrelationID, headerCausation: opts.CausationID, headerParent: parent}
 	dup, err := c.enqueue(ctx, j, &wire{Tenant: tenant, Payload: raw}, id, hdr, derived)
+	if err == nil && dup == takenID && opts.Key != "" && parent != "" {
+		// Whose dispatch took the key: this run's earlier attempt's, or
+		// another run's.
+		var ours bool
+		if ours, err = c.dispatchedBy(ctx, j, id, parent); err == nil && ours {
+			return id, nil
+		}
+	}
 	switch {
 	case err != nil:
 		return "", &framework.Error{Code: framework.CodeUnavailable, Message: "job queue unavailable", Err: err}
@@ -156,6 +169,23 @@ func (c *Client) dispatch(ctx context.Context, name string, payload any, opts *D
 		return id, fmt.Errorf("%w: %s", ErrDuplicate, id)
 	}
 	return id, nil
+}
+
+// dispatchedBy reports whether the existing task id of job j was
+// dispatched by the run parent (its headerParent). A task gone meanwhile
+// (its retention ended) is not; a Redis failure is an [*EnqueueError].
+func (c *Client) dispatchedBy(ctx context.Context, j *Job, id, parent string) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, &EnqueueError{Job: j.name, Err: err}
+	}
+	ti, err := c.in.GetTaskInfo(QueueName(c.prefix, j.opts.RunIn, j.opts.Priority), id)
+	switch {
+	case errors.Is(err, asynq.ErrTaskNotFound), errors.Is(err, asynq.ErrQueueNotFound):
+		return false, nil
+	case err != nil:
+		return false, &EnqueueError{Job: j.name, Err: err}
+	}
+	return ti.Headers[headerParent] == parent, nil
 }
 
 // checkManual finds a manual job and checks a payload against its input.

@@ -95,8 +95,12 @@ func (c *Context) InTx(ctx context.Context, fn func(ctx context.Context, tx *fra
 // children of a job in the same order. When it is not (the children come
 // from data that may change between attempts, or are dispatched from
 // several goroutines), pass a Key that names the child (an item's id):
-// the Key then derives the id instead, as for [Client.Dispatch], and a
-// taken id is [ErrDuplicate] because it may be another run's dispatch.
+// the Key then derives the id instead, as for [Client.Dispatch]. A taken
+// key is no error either when this run dispatched it (in an earlier
+// attempt, or earlier in this one: the child records the run that
+// dispatched it): Dispatch returns its id and nil. A key taken by
+// another run (another parent, a [Client.Dispatch], an earlier run under
+// a reused task id) is [ErrDuplicate].
 //
 // The guarantee lasts as long as asynq keeps the child: while it waits,
 // runs or waits to be retried, while it is archived (asynq drops archived
@@ -114,11 +118,14 @@ func (c *Context) Dispatch(ctx context.Context, name string, payload any, opts *
 	o.TenantID = cmp.Or(o.TenantID, c.TenantID)
 	o.CorrelationID = cmp.Or(o.CorrelationID, c.CorrelationID)
 	o.CausationID = cmp.Or(o.CausationID, c.TaskID)
-	var childID string
-	if o.Key == "" && c.TaskID != "" && c.children != nil {
-		childID = childTaskID(name, c.TaskID, c.run, c.children.next(name))
+	var parent, childID string
+	if c.TaskID != "" {
+		parent = parentRun(c.TaskID, c.run)
+		if o.Key == "" && c.children != nil {
+			childID = childTaskID(name, c.TaskID, c.run, c.children.next(name))
+		}
 	}
-	return c.client.dispatch(ctx, name, payload, &o, childID)
+	return c.client.dispatch(ctx, name, payload, &o, parent, childID)
 }
 
 const handledSQL = `INSERT INTO handled (tenant_id, key) VALUES ($1, $2) ON CONFLICT DO NOTHING`

@@ -305,7 +305,8 @@ func TestUniqueJobReReadBlocksNoLaterDispatch(t *testing.T) {
 // children again; they run once. The children have finished before the
 // retry (their completed runs keep their ids taken), two dispatches of one
 // job in one run are two children, and a caller's Key still names the
-// child itself.
+// child itself (the retry finds it too: see
+// TestContextDispatchKeyedChildOfRetriedParent).
 func TestContextDispatchRetriedParentDispatchesOnce(t *testing.T) {
 	t.Parallel()
 	type attempt struct {
@@ -390,7 +391,7 @@ func TestContextDispatchRetriedParentDispatchesOnce(t *testing.T) {
 	require.NoError(t, retry.errs[0], "a child the run already dispatched is not an error")
 	require.NoError(t, retry.errs[1])
 	require.NoError(t, retry.errs[2])
-	require.ErrorIs(t, retry.errs[3], jobs.ErrDuplicate, "a keyed dispatch reports its duplicate, as Client.Dispatch does")
+	require.NoError(t, retry.errs[3], "a keyed child the run's earlier attempt dispatched is not an error either")
 }
 
 // TestContextDispatchNewRunOfKeyedParentDispatchesAgain: a keyed parent
@@ -443,4 +444,80 @@ func TestContextDispatchNewRunOfKeyedParentDispatchesAgain(t *testing.T) {
 	})
 	drained(t, r.Inspector())
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM runs WHERE ref = 'second'`), "the new run's child ran")
+}
+
+// TestContextDispatchKeyedChildOfRetriedParent: a parent that dispatches a
+// child with a Key and then fails is retried; the retry's dispatch of the
+// same key finds the child its earlier attempt dispatched and returns its
+// id and no error, so the retry can succeed, and the child runs once. The
+// same key dispatched by another run (another parent, a direct dispatch)
+// is still ErrDuplicate.
+func TestContextDispatchKeyedChildOfRetriedParent(t *testing.T) {
+	t.Parallel()
+	type result struct {
+		retry int
+		id    string
+		err   error
+	}
+	var (
+		mu      sync.Mutex
+		results []result
+	)
+	fast := &jobs.Options{MaxRetries: 2, Backoff: func(int) time.Duration { return 10 * time.Millisecond }}
+	b := setup(t, func(b *bundle) {
+		jobs.Manual[exportInput](b.f, "child", nil, func(ctx context.Context, jc *jobs.Context, in exportInput) error {
+			return insertRun(ctx, jc, jc.Job, in.Report, jc.CausationID)
+		})
+		jobs.Manual[exportInput](b.f, "parent", fast, func(ctx context.Context, jc *jobs.Context, in exportInput) error {
+			id, err := jc.Dispatch(ctx, "test:job:child", exportInput{Report: in.Report}, &jobs.DispatchOptions{Key: "ship:" + in.Report})
+			mu.Lock()
+			results = append(results, result{jc.Retry, id, err})
+			mu.Unlock()
+			if err != nil {
+				return err
+			}
+			if jc.Retry == 0 && in.Report == "p1" {
+				return errors.New("the parent fails after dispatching")
+			}
+			return nil
+		})
+	})
+	r := b.runner(t, nil)
+	ctx := context.Background()
+	p1, err := r.Client().Dispatch(ctx, "test:job:parent", exportInput{Report: "p1"}, &jobs.DispatchOptions{TenantID: "acme"})
+	require.NoError(t, err)
+	eventually(t, "the parent's retry", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(results) >= 2
+	})
+	drained(t, r.Inspector())
+	archived, err := r.Inspector().List(ctx, nil)
+	require.NoError(t, err)
+	require.Empty(t, archived, "the retried parent succeeded")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM runs WHERE ref = 'p1' AND info = $1`, p1), "the child ran once")
+	mu.Lock()
+	require.Len(t, results, 2)
+	require.NoError(t, results[0].err)
+	require.Equal(t, 1, results[1].retry)
+	require.NoError(t, results[1].err, "the earlier attempt of the same run dispatched the child")
+	require.Equal(t, results[0].id, results[1].id)
+	mu.Unlock()
+
+	// Another parent run dispatching the same key is a duplicate, as is a
+	// direct dispatch of it.
+	_, err = r.Client().Dispatch(ctx, "test:job:child", exportInput{Report: "p1"}, &jobs.DispatchOptions{TenantID: "acme", Key: "ship:p1"})
+	require.ErrorIs(t, err, jobs.ErrDuplicate)
+	_, err = r.Client().Dispatch(ctx, "test:job:parent", exportInput{Report: "p1"}, &jobs.DispatchOptions{TenantID: "acme"})
+	require.NoError(t, err)
+	eventually(t, "the second parent", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(results) >= 3
+	})
+	drained(t, r.Inspector())
+	mu.Lock()
+	defer mu.Unlock()
+	require.ErrorIs(t, results[2].err, jobs.ErrDuplicate, "another run's dispatch of the key")
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM runs WHERE ref = 'p1'`))
 }

@@ -56,7 +56,9 @@
 // workers produce one run per tick. [Client.Dispatch] enqueues directly.
 // A job that dispatches another ([Context.Dispatch]) derives the child's
 // task id from its own run (task id and run id) and the dispatch's place
-// in the run, so a retried parent does not run its children twice.
+// in the run, so a retried parent does not run its children twice; a
+// child dispatched with a Key records the run that dispatched it, so a
+// retry of that run finds its key taken without an error.
 //
 // # Lanes
 //

@@ -114,7 +114,7 @@ func New(rt *framework.Runtime, rdb redis.UniversalClient, cfg *Config) (*Runner
 		metrics: m,
 	}
 	r.client = &Client{
-		set: r.set, aq: asynq.NewClientFromRedisClient(rdb), rdb: rdb, prefix: c.QueuePrefix,
+		set: r.set, aq: asynq.NewClientFromRedisClient(rdb), in: asynq.NewInspectorFromRedisClient(rdb), rdb: rdb, prefix: c.QueuePrefix,
 		retention: c.DedupRetention, timeout: c.EnqueueTimeout, metrics: m, log: r.log,
 	}
 	return r, nil

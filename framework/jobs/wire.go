@@ -29,6 +29,10 @@ const (
 	// a rewound trigger), and the new run's children must not be the
 	// earlier run's (see childTaskID). Every attempt of one run has it.
 	headerRun = "kumiko-run-id"
+	// headerParent names the run that dispatched a task through
+	// [Context.Dispatch] (see parentRun), so that a retry of that run can
+	// tell its earlier attempt's keyed child from another run's.
+	headerParent = "kumiko-parent-run"
 )
 
 // wire is a task's payload: the tenant and the job's input. The ids travel
@@ -149,6 +153,17 @@ func childTaskID(job, parent, run string, n int) string {
 	}
 	sum := sha256.Sum256([]byte(parent + "\x00" + strconv.Itoa(n)))
 	return job + "@child-" + hex.EncodeToString(sum[:12])
+}
+
+// parentRun names one run of a job for the children it dispatches: its
+// task id and its run id (which tells it from another run under the same
+// derived task id; "" for a run without one, whose task id is a fresh
+// uuid). Every attempt of the run has the same name.
+func parentRun(taskID, run string) string {
+	if run == "" {
+		return taskID
+	}
+	return taskID + " " + run
 }
 
 // taskKey is the Redis key of asynq's hash of a task (asynq's storage
