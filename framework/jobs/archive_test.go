@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -255,4 +258,69 @@ func TestArchivedUniqueRunBlocksNoEqualDispatch(t *testing.T) {
 	eventually(t, "the second run", func() bool {
 		return b.count(t, `SELECT count(*) FROM runs WHERE job = 'test:job:fragile' AND ref = 'r1'`) == 1
 	})
+}
+
+// logged records the messages of a logger's records.
+type logged struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (l *logged) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logged) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.msgs = append(l.msgs, r.Message)
+	return nil
+}
+func (l *logged) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *logged) WithGroup(string) slog.Handler      { return l }
+
+func (l *logged) has(msg string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Contains(l.msgs, msg)
+}
+
+// TestShutdownInterruptedUniqueRunKeepsItsLock: a run still going when the
+// runner's ShutdownTimeout passes is put back on its queue by asynq, and
+// then its context ends. It was neither archived nor failed: a Unique
+// job's run on its last attempt (here its only one) keeps its uniqueness
+// lock, so an equal dispatch while it waits to run again is a duplicate,
+// and it is not counted or logged as archived.
+func TestShutdownInterruptedUniqueRunKeepsItsLock(t *testing.T) {
+	t.Parallel()
+	started := make(chan struct{}, 1)
+	b := setup(t, func(b *bundle) {
+		jobs.Manual[exportInput](b.f, "long", &jobs.Options{Unique: time.Hour, MaxRetries: -1}, func(ctx context.Context, jc *jobs.Context, in exportInput) error {
+			started <- struct{}{}
+			<-ctx.Done()
+			return ctx.Err()
+		})
+	})
+	log := &logged{}
+	r, err := jobs.New(b.rt, b.rdb, &jobs.Config{
+		Lanes: jobs.Lanes, ShutdownTimeout: 200 * time.Millisecond, Metrics: b.prom, Logger: slog.New(log),
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	in := exportInput{Report: "r"}
+	id, err := r.Client().Dispatch(context.Background(), "test:job:long", in, &jobs.DispatchOptions{TenantID: "acme"})
+	require.NoError(t, err)
+	<-started
+	cancel()
+	require.NoError(t, <-done)
+	eventually(t, "the interrupted run's handler returned", func() bool {
+		return log.has("job interrupted by shutdown") || log.has("job archived")
+	})
+
+	run, err := r.Inspector().Get(context.Background(), "", id)
+	require.NoError(t, err)
+	require.Equal(t, jobs.StatePending, run.State, "asynq put the run back on its queue")
+	require.False(t, log.has("job archived"))
+	require.Zero(t, metric(t, b, "kumiko_jobs_archived_total", "job", "test:job:long"))
+	_, err = r.Client().Dispatch(context.Background(), "test:job:long", in, &jobs.DispatchOptions{TenantID: "acme"})
+	require.ErrorIs(t, err, jobs.ErrDuplicate, "the requeued run still holds the Unique window")
 }

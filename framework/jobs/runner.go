@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -77,6 +78,9 @@ type Runner struct {
 	log     *slog.Logger
 	metrics *metrics
 	client  *Client
+	// stopping is set when Run starts shutting its lanes down (see
+	// interrupted).
+	stopping atomic.Bool
 }
 
 // New returns a runner for the jobs of rt's registry on the Redis client rdb
@@ -195,6 +199,7 @@ func (r *Runner) apply(ctx context.Context, _ *framework.Tx, env framework.Envel
 func (r *Runner) Run(ctx context.Context) error {
 	var servers []*asynq.Server
 	shutdown := func() {
+		r.stopping.Store(true)
 		var wg sync.WaitGroup
 		for _, s := range servers {
 			s.Stop()
@@ -276,6 +281,12 @@ func (r *Runner) handler(lane framework.RunIn, j *Job) asynq.HandlerFunc {
 			if v := recover(); v != nil {
 				err = fmt.Errorf("jobs: %s: panic: %v", j.name, v)
 			}
+			if err != nil && r.interrupted(ctx) {
+				// asynq put the run back on its queue: it neither failed
+				// nor is archived, and it keeps its uniqueness lock.
+				r.log.Warn("job interrupted by shutdown", append(r.attrs(jc, start), "error", err)...)
+				return
+			}
 			if err != nil && j.opts.Unique > 0 && (errors.Is(err, SkipRetry) || jc.Retry >= jc.MaxRetry) {
 				queue, _ := asynq.GetQueueName(ctx)
 				r.releaseUnique(ctx, jc, queue)
@@ -285,6 +296,16 @@ func (r *Runner) handler(lane framework.RunIn, j *Job) asynq.HandlerFunc {
 		jc.CorrelationID = cmp.Or(jc.CorrelationID, jc.TaskID)
 		return j.run(ctx, jc, t.Payload())
 	}
+}
+
+// interrupted reports whether asynq gave up on a run in flight because
+// the runner's ShutdownTimeout passed: it then puts the run back on its
+// queue, unchanged, and only afterwards ends the run's context (with
+// context.Canceled; a run's Timeout ends it with DeadlineExceeded, and
+// asynq counts that as a failure). What the handler returns then is no
+// outcome of the run.
+func (r *Runner) interrupted(ctx context.Context) bool {
+	return r.stopping.Load() && errors.Is(ctx.Err(), context.Canceled)
 }
 
 // releaseUniqueScript deletes a uniqueness lock (KEYS[1]) if the run
