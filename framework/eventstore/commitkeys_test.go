@@ -48,3 +48,32 @@ func TestCheckCommitKeys(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, errors.As(eventstore.CheckCommitKeys(ctx, db.Pool), &ahErr))
 }
+
+// TestCheckCommitKeysCursorAheadOfPrunedLog: a restored database whose
+// events were pruned (every type pruned, or the newest) still has its
+// consumers' cursors at the old cluster's keys, and an event appended
+// there would sort behind them and never be delivered: the check fails,
+// naming an epoch above the cursors.
+func TestCheckCommitKeysCursorAheadOfPrunedLog(t *testing.T) {
+	t.Parallel()
+	db := kumikotest.NewDB(t)
+	ctx := context.Background()
+	var next uint64
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT pg_snapshot_xmax(pg_current_snapshot())`).Scan(&next))
+	epoch := next>>32 + 2
+	ahead := epoch<<32 | 9
+	_, err := db.Pool.Exec(ctx, `INSERT INTO event_consumers (name, instance_id, cursor_commit_key, cursor_position)
+		VALUES ('projection:pruned', '__shared__', $1::text::xid8, 42)`, fmt.Sprint(ahead))
+	require.NoError(t, err)
+
+	err = eventstore.CheckCommitKeys(ctx, db.Pool)
+	var ahErr *eventstore.CommitKeyAheadError
+	require.True(t, errors.As(err, &ahErr), "an empty log behind a cursor ahead: %v", err)
+	require.Equal(t, ahead, ahErr.MaxCommitKey)
+	require.Equal(t, epoch+1, ahErr.Epoch())
+
+	// With events below the cursor, the cursor still decides.
+	appendTx(t, db.Pool, stream("a"), eventstore.NoStream, ev("thing:event:made", 1))
+	require.True(t, errors.As(eventstore.CheckCommitKeys(ctx, db.Pool), &ahErr))
+	require.Equal(t, ahead, ahErr.MaxCommitKey)
+}
