@@ -62,15 +62,28 @@ type LayoutError struct {
 	// Behind names the stored rows with events left to deliver before the
 	// furthest stored cursor.
 	Behind []string
+	// Stopped names those of Behind that are disabled or dead: they do not
+	// catch up until an operator enables or restarts them.
+	Stopped []string
 }
 
 // Error says what differs and the ways out.
 func (e *LayoutError) Error() string {
-	return fmt.Sprintf("consumer %s: its state rows have %d partition(s), the code declares %d, "+
-		"and %s still have events to deliver before the furthest cursor among them; "+
-		"a projection with a table can be rebuilt (kumiko projection rebuild %s), which starts every new "+
-		"partition at the rebuild's cursor; otherwise run the code with %d partition(s) until those have caught up",
-		label(e.Consumer, e.Instance), e.Stored, e.Declared, strings.Join(e.Behind, ", "), e.Consumer, e.Stored)
+	var b strings.Builder
+	fmt.Fprintf(&b, "consumer %s: its state rows have %d partition(s), the code declares %d, "+
+		"and %s still have events to deliver before the furthest cursor among them; ",
+		label(e.Consumer, e.Instance), e.Stored, e.Declared, strings.Join(e.Behind, ", "))
+	if e.Instance == SharedInstance || e.Instance == "" {
+		// Rebuild takes shared projections only (and refuses the others).
+		fmt.Fprintf(&b, "a projection with a table can be rebuilt (kumiko projection rebuild %s), which starts every new "+
+			"partition at the rebuild's cursor; otherwise ", e.Consumer)
+	}
+	fmt.Fprintf(&b, "run the code with %d partition(s) until those have caught up", e.Stored)
+	if len(e.Stopped) > 0 {
+		fmt.Fprintf(&b, " (%s disabled or dead: enable or restart them with kumiko consumer so that they catch up)",
+			strings.Join(e.Stopped, ", "))
+	}
+	return b.String()
 }
 
 // ErrLayout matches every *LayoutError with errors.Is.
@@ -93,8 +106,9 @@ ORDER BY b.base, c.name`
 	// processes never convert its rows at once.
 	layoutLockSQL = `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`
 	// behindSQL names the rows ($1, of instance $2) with an event of their
-	// own types and partition after their cursor and up to ($3, $4).
-	behindSQL = `SELECT c.name FROM event_consumers c
+	// own types and partition after their cursor and up to ($3, $4), and
+	// whether each is stopped (disabled or dead).
+	behindSQL = `SELECT c.name, c.status IN ('disabled', 'dead') FROM event_consumers c
 WHERE c.name = ANY($1) AND c.instance_id = $2 AND EXISTS (
   SELECT 1 FROM events e
   WHERE (e.commit_key, e.position) > (c.cursor_commit_key, c.cursor_position)
@@ -214,17 +228,27 @@ func (d *Dispatcher) convert(ctx context.Context, tx pgx.Tx, l layout, rows []st
 		processed += r.processed
 		old = append(old, r.name)
 	}
-	var behind []string
 	brows, err := tx.Query(ctx, behindSQL, old, l.instance, furthest.CommitKey, furthest.Position)
 	if err != nil {
 		return fmt.Errorf("consumer %s: compare stored cursors: %w", l.base, err)
 	}
-	behind, err = pgx.CollectRows(brows, pgx.RowTo[string])
-	if err != nil {
+	var behind, stopped []string
+	var (
+		name    string
+		stopRow bool
+	)
+	if _, err := pgx.ForEachRow(brows, []any{&name, &stopRow}, func() error {
+		behind = append(behind, name)
+		if stopRow {
+			stopped = append(stopped, name)
+		}
+		return nil
+	}); err != nil {
 		return fmt.Errorf("consumer %s: compare stored cursors: %w", l.base, err)
 	}
 	if len(behind) > 0 {
-		return &LayoutError{Consumer: l.base, Instance: l.instance, Stored: rows[0].count, Declared: l.partitions, Behind: behind}
+		return &LayoutError{Consumer: l.base, Instance: l.instance, Stored: rows[0].count, Declared: l.partitions,
+			Behind: behind, Stopped: stopped}
 	}
 	cons := d.byName[l.names()[0]]
 	status := "idle"

@@ -233,7 +233,17 @@ func TestRepartitioningWaitsForPartitionsToLineUp(t *testing.T) {
 	require.Equal(t, []string{"test:p@1"}, le.Behind)
 	require.Contains(t, err.Error(), "consumer test:p: its state rows have 2 partition(s), the code declares 3")
 	require.Contains(t, err.Error(), "kumiko projection rebuild test:p")
+	require.Empty(t, le.Stopped)
+	require.NotContains(t, err.Error(), "disabled or dead")
 	require.False(t, three.Registered())
+	// A partition behind that is disabled never catches up by itself: the
+	// refusal says so.
+	require.NoError(t, dispatcher.Disable(context.Background(), b.db.Pool, "test:p@1", ""))
+	err = three.Register(context.Background())
+	require.True(t, errors.As(err, &le))
+	require.Equal(t, []string{"test:p@1"}, le.Stopped)
+	require.Contains(t, err.Error(), "(test:p@1 disabled or dead: enable or restart them with kumiko consumer")
+	require.NoError(t, dispatcher.Enable(context.Background(), b.db.Pool, "test:p@1", ""))
 	require.Equal(t, 2, count(t, b, `SELECT count(*) FROM event_consumers WHERE name LIKE 'test:p@%' AND partition_count = 2`), "nothing changed")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -250,6 +260,18 @@ func TestRepartitioningWaitsForPartitionsToLineUp(t *testing.T) {
 		passUntilEmpty(t, three, dispatcher.PartitionName("test:p", i))
 	}
 	requireExactlyOnceInStreamOrder(t, b, "p", 42)
+}
+
+// A per-instance consumer's refusal does not suggest a rebuild, which
+// takes shared projections only.
+func TestLayoutErrorOfPerInstanceRowsSuggestsNoRebuild(t *testing.T) {
+	t.Parallel()
+	shared := (&dispatcher.LayoutError{Consumer: "x:p", Instance: dispatcher.SharedInstance, Stored: 2, Declared: 3, Behind: []string{"x:p@1"}}).Error()
+	require.Contains(t, shared, "kumiko projection rebuild x:p")
+	mine := (&dispatcher.LayoutError{Consumer: "x:p", Instance: "api1", Stored: 2, Declared: 3, Behind: []string{"x:p@1"}}).Error()
+	require.NotContains(t, mine, "rebuild")
+	require.Contains(t, mine, "consumer x:p (instance api1): its state rows have 2 partition(s), the code declares 3")
+	require.Contains(t, mine, "run the code with 2 partition(s) until those have caught up")
 }
 
 // Skip and the lag work on one partition's share of the log.
