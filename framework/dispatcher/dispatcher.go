@@ -9,9 +9,11 @@ import (
 	"math"
 	"math/rand/v2"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -873,7 +875,7 @@ func (d *Dispatcher) attempt(ctx context.Context, conn *pgx.Conn, c *consumerRun
 		b.Queue(advanceSQL, c.Name, c.instance, cur.CommitKey, cur.Position, len(apply))
 	case c.SkipApplyErrors && !transient:
 		bad := recs[f.index]
-		b.Queue(deadLetterSQL, c.Name, c.instance, bad.Position, bad.Type, bad.TenantID, f.err.Error())
+		b.Queue(deadLetterSQL, c.Name, c.instance, bad.Position, bad.Type, bad.TenantID, storable(f.err.Error()))
 		cur = bad.Cursor()
 		b.Queue(advanceSQL, c.Name, c.instance, cur.CommitKey, cur.Position, len(apply))
 	default:
@@ -992,11 +994,33 @@ func (d *Dispatcher) backoff(attempts int) time.Duration {
 	return min(delay, d.cfg.RetryMaxDelay)
 }
 
+// maxLastError bounds the error text a state row keeps (last_error).
+const maxLastError = 2000
+
+// truncate returns the storable form of s (see storable), cut to at most
+// maxLastError bytes at a character boundary.
 func truncate(s string) string {
-	if len(s) > 2000 {
-		return s[:2000]
+	s = storable(s)
+	if len(s) <= maxLastError {
+		return s
 	}
-	return s
+	cut := maxLastError
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
+}
+
+// storable returns s as Postgres can store it in a text column: invalid
+// UTF-8 and NUL bytes, which it refuses, are replaced with U+FFFD. A
+// handler's error may quote raw bytes; were it refused, the statement that
+// records the failure would fail the pass before it counted an attempt,
+// and the consumer would retry the event forever.
+func storable(s string) string {
+	if utf8.ValidString(s) && strings.IndexByte(s, 0) < 0 {
+		return s
+	}
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
 }
 
 // rollbackConn ends a pass transaction that did not commit.
