@@ -429,6 +429,13 @@ func (d *Dispatcher) loop(ctx context.Context, c *consumerRun) {
 			return
 		case d.slots <- struct{}{}:
 		}
+		// A select picks any of its ready cases: once ctx has ended, no
+		// new pass starts, also when a slot, a wake-up or a full batch's
+		// follow-up was ready too.
+		if ctx.Err() != nil {
+			<-d.slots
+			return
+		}
 		// A pass in flight finishes even when ctx ends (drain); PassTimeout
 		// bounds its handlers (see Config.PassTimeout).
 		passCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.PassTimeout)
