@@ -25,5 +25,10 @@
 //
 // When the replica cannot be reached or fails a check, the query runs on
 // the primary (kumiko_replica_fallbacks_total{reason="error"}) and so do
-// all queries for [Config].Cooldown (default 1 s).
+// all queries for [Config].Cooldown (default 1 s). A query with a token
+// waits for the replica's answers at most twice WaitTimeout, so a replica
+// that hangs (takes the connection or the check and never answers) counts
+// as failed too; a query without a token has no such bound beyond its
+// context, which a hung replica holds until it ends, unless the cooldown
+// is already running.
 package replica

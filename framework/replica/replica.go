@@ -107,6 +107,12 @@ const caughtUpSQL = `SELECT NOT pg_is_in_recovery() OR coalesce(pg_last_wal_repl
 // AcquireRead implements [framework.ReadRouter]: a replica connection,
 // checked against token when there is one, else a primary connection. A
 // malformed token is a bad_request *framework.Error.
+//
+// With a token, the replica's answers are awaited for at most twice
+// Config.WaitTimeout in all: a replica that takes the connection or the
+// check and never answers (a frozen host, a network that drops packets)
+// counts as failed, like one that refuses, instead of holding the query
+// until the caller's context ends.
 func (r *Router) AcquireRead(ctx context.Context, token string) (*pgxpool.Conn, error) {
 	if token != "" && !framework.ValidConsistencyToken(token) {
 		return nil, &framework.Error{Code: framework.CodeBadRequest, Message: "malformed consistency token: send back the token of a write response unchanged"}
@@ -114,7 +120,17 @@ func (r *Router) AcquireRead(ctx context.Context, token string) (*pgxpool.Conn, 
 	if time.Now().UnixNano() < r.downUntil.Load() {
 		return r.fallback(ctx, ReasonError, nil)
 	}
-	conn, err := r.replica.Acquire(ctx)
+	deadline := time.Now().Add(r.wait)
+	// actx bounds the replica's answers (acquiring, which may dial or ping,
+	// and the checks): WaitTimeout decides lag, and a check begun just
+	// before it gets as long again to answer.
+	actx := ctx
+	if token != "" {
+		var cancel context.CancelFunc
+		actx, cancel = context.WithDeadline(ctx, deadline.Add(r.wait))
+		defer cancel()
+	}
+	conn, err := r.replica.Acquire(actx)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, err
@@ -124,11 +140,10 @@ func (r *Router) AcquireRead(ctx context.Context, token string) (*pgxpool.Conn, 
 	if token == "" {
 		return conn, nil
 	}
-	deadline := time.Now().Add(r.wait)
 	pause := r.poll
 	for {
 		var ok bool
-		if err := conn.QueryRow(ctx, caughtUpSQL, token).Scan(&ok); err != nil {
+		if err := conn.QueryRow(actx, caughtUpSQL, token).Scan(&ok); err != nil {
 			conn.Release()
 			if ctx.Err() != nil {
 				return nil, err

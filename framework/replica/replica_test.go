@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -310,4 +311,46 @@ func TestRouterRules(t *testing.T) {
 	}
 	require.InDelta(t, 3, router.Fallbacks(replica.ReasonError), 0)
 	require.EqualValues(t, 1, dials.Load(), "within the cooldown the replica is not tried again")
+}
+
+// TestHangingReplicaFallsBackWithinTheWait: a replica that takes the
+// connection and the query and never answers (its backend stopped, as on a
+// frozen host) must not hold a query with a consistency token beyond the
+// bounded wait: it runs on the primary, counted as an error fallback, and
+// the queries after it skip the replica for the cooldown.
+func TestHangingReplicaFallsBackWithinTheWait(t *testing.T) {
+	t.Parallel()
+	db := kumikotest.NewDB(t)
+	d := pgcluster.New(t)
+	srv := d.Start(d.InitDB("hangs"))
+	pc, err := pgxpool.ParseConfig(srv.URL("postgres"))
+	require.NoError(t, err)
+	pc.MaxConns = 1
+	hung, err := pgxpool.NewWithConfig(t.Context(), pc)
+	require.NoError(t, err)
+	t.Cleanup(hung.Close)
+	var pid int
+	require.NoError(t, hung.QueryRow(t.Context(), `SELECT pg_backend_pid()`).Scan(&pid))
+	require.NoError(t, syscall.Kill(pid, syscall.SIGSTOP))
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGCONT) })
+
+	const waitTimeout = 300 * time.Millisecond
+	router, err := replica.New(db.Pool, hung, &replica.Config{WaitTimeout: waitTimeout, Cooldown: time.Minute})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	for _, token := range []string{"0/1", ""} {
+		start := time.Now()
+		conn, err := router.AcquireRead(ctx, token)
+		require.NoError(t, err, "token %q: the primary answers", token)
+		took := time.Since(start)
+		var port int
+		err = conn.QueryRow(ctx, `SELECT inet_server_port()`).Scan(&port)
+		conn.Release()
+		require.NoError(t, err)
+		require.NotEqual(t, srv.Port, port, "token %q: the query runs on the primary", token)
+		require.Less(t, took, 4*waitTimeout, "token %q: the wait is bounded", token)
+	}
+	require.InDelta(t, 2, router.Fallbacks(replica.ReasonError), 0)
+	require.Zero(t, router.Fallbacks(replica.ReasonLag))
 }
