@@ -226,6 +226,10 @@ func (h *maintenance) rebuild(c echo.Context) error {
 			return web.WriteError(c, invalid("batchSize", "min",
 				"batchSize must be at least 1; leave it out for the projection's batch size, else 500"))
 		}
+		if *body.BatchSize > rebuild.MaxBatchSize {
+			return web.WriteError(c, invalid("batchSize", "max",
+				fmt.Sprintf("batchSize must be at most %d", rebuild.MaxBatchSize)))
+		}
 		batch = *body.BatchSize
 	}
 	if _, err := rebuild.Check(h.reg, name); err != nil {

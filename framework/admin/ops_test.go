@@ -337,7 +337,10 @@ func TestMaintenanceRebuild(t *testing.T) {
 	requireError(t, e, http.StatusConflict, "conflict")
 	require.Equal(t, "rebuild: projection cannot be rebuilt: ops:pinger is side-effect-only (no Table): its effects cannot be redone into a fresh table", e.Error.Message)
 	require.Equal(t, map[string]any{"projection": "ops:pinger", "reason": "not_rebuildable"}, e.Error.Details)
-	for _, body := range []string{`{"batchSize": 0}`, `{"batchSize": -1}`, `{"batchSize": 2, "abandon": true}`} {
+	// A huge batchSize used to panic in the rebuild (or, at 1e9, kill the
+	// process with out of memory), leaving the shadow schema behind.
+	for _, body := range []string{`{"batchSize": 0}`, `{"batchSize": -1}`, `{"batchSize": 2, "abandon": true}`,
+		`{"batchSize": 10001}`, `{"batchSize": 4611686018427387904}`} {
 		requireError(t, b.do(t, http.MethodPost, path, tok, body), http.StatusBadRequest, "validation_error")
 	}
 	for _, body := range []string{`{"batch": 2}`, `{"batchSize": "2"}`, `{"abandon": 1}`} {

@@ -27,8 +27,9 @@ import (
 type Config struct {
 	// Logger receives progress and cleanup notes. Defaults to discarding.
 	Logger *slog.Logger
-	// BatchSize is the number of events per rebuild pass; a negative one
-	// is an error. Defaults to the projection's BatchSize, else 500.
+	// BatchSize is the number of events per rebuild pass; a negative one,
+	// or one above [MaxBatchSize], is an error. Defaults to the
+	// projection's BatchSize, else 500.
 	BatchSize int
 	// Progress is called after every rebuild pass. Defaults to nothing.
 	Progress func(Progress)
@@ -40,6 +41,12 @@ type Config struct {
 	// abandoned. Defaults to 10.
 	SwapAttempts int
 }
+
+// MaxBatchSize is the largest [Config].BatchSize, the bound of the
+// dispatcher's own batch size (KUMIKO_DISPATCHER_BATCH_SIZE): a pass
+// preallocates room for a whole batch, and a larger size from an operator's
+// typo would take the process down with it.
+const MaxBatchSize = 10_000
 
 // Phase names a step of a rebuild.
 type Phase string
@@ -247,6 +254,9 @@ func Rebuild(ctx context.Context, pool *pgxpool.Pool, reg *framework.Registry, n
 	}
 	if cfg != nil && cfg.BatchSize < 0 {
 		return nil, fmt.Errorf("rebuild: batch size %d is negative", cfg.BatchSize)
+	}
+	if cfg != nil && cfg.BatchSize > MaxBatchSize {
+		return nil, fmt.Errorf("rebuild: batch size %d is above the maximum of %d", cfg.BatchSize, MaxBatchSize)
 	}
 	r, release, err := open(ctx, pool, reg, p, cfg)
 	if err != nil {

@@ -232,6 +232,13 @@ func TestRefusals(t *testing.T) {
 	require.ErrorContains(t, err, `table "ghost" does not exist`)
 	_, err = rebuild.Rebuild(ctx, b.db.Pool, b.reg, "test:tally", &rebuild.Config{BatchSize: -1})
 	require.ErrorContains(t, err, "rebuild: batch size -1 is negative")
+	// A batch size no pass could hold (a typo, a script's overflow) is
+	// refused before anything is built: it used to panic (or exhaust the
+	// memory) preallocating the pass's slice, leaving the shadow schema.
+	for _, size := range []int{10_001, 1 << 62} {
+		_, err = rebuild.Rebuild(ctx, b.db.Pool, b.reg, "test:tally", &rebuild.Config{BatchSize: size})
+		require.ErrorContains(t, err, fmt.Sprintf("rebuild: batch size %d is above the maximum of 10000", size))
+	}
 	require.Zero(t, b.int(t, `SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'kumiko_rebuild%'`))
 	require.Zero(t, b.int(t, `SELECT count(*) FROM event_consumers`))
 }

@@ -90,7 +90,7 @@ NAME#rebuild behind; the next rebuild removes them and starts over, and
 			return nil
 		},
 	}
-	cmd.Flags().IntVar(&batch, "batch-size", 0, "events per rebuild pass (default: the projection's batch size, else 500)")
+	cmd.Flags().IntVar(&batch, "batch-size", 0, "events per rebuild pass, at most 10000 (default: the projection's batch size, else 500)")
 	cmd.Flags().BoolVar(&abandon, "abandon", false, "only remove what an interrupted rebuild left behind")
 	return cmd
 }
