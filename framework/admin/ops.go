@@ -109,12 +109,14 @@ type pruneBody struct {
 
 // pruneJSON is a prune's answer.
 type pruneJSON struct {
-	OlderThanDays int              `json:"olderThanDays"`
-	Cutoff        *time.Time       `json:"cutoff"`
-	Types         []string         `json:"types"`
-	Counts        map[string]int64 `json:"counts"`
-	Total         int64            `json:"total"`
-	DryRun        bool             `json:"dryRun"`
+	OlderThanDays int `json:"olderThanDays"`
+	// Cutoff is RFC 3339 in UTC, formatted here: the oldest ages put it
+	// before year 0, which time.Time's MarshalJSON refuses.
+	Cutoff *string          `json:"cutoff"`
+	Types  []string         `json:"types"`
+	Counts map[string]int64 `json:"counts"`
+	Total  int64            `json:"total"`
+	DryRun bool             `json:"dryRun"`
 }
 
 func newPruneJSON(days int, res *retention.Result) pruneJSON {
@@ -126,7 +128,7 @@ func newPruneJSON(days int, res *retention.Result) pruneJSON {
 		out.Counts = map[string]int64{}
 	}
 	if !res.Cutoff.IsZero() {
-		t := res.Cutoff.UTC()
+		t := res.Cutoff.UTC().Format(time.RFC3339Nano)
 		out.Cutoff = &t
 	}
 	return out

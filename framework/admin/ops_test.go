@@ -303,6 +303,15 @@ func TestMaintenancePrune(t *testing.T) {
 	require.NotNil(t, res.Cutoff)
 	require.WithinDuration(t, time.Now().Add(-30*24*time.Hour), *res.Cutoff, time.Minute)
 	unchanged()
+	// The largest age the route accepts puts the cutoff before year 0,
+	// which encoding/json cannot write as a time: it used to answer 500
+	// (after a real prune had run).
+	e = b.do(t, http.MethodPost, prune, tok, `{"olderThanDays": 1000000, "dryRun": true}`)
+	require.Equal(t, http.StatusOK, e.status, "%+v", e.Error)
+	far := decode[map[string]any](t, e)
+	require.Regexp(t, `^-\d{4}-\d\d-\d\dT`, far["cutoff"])
+	require.EqualValues(t, 0, far["total"])
+	unchanged()
 	res = decode[pruneJSON](t, b.do(t, http.MethodPost, prune, tok, `{"olderThanDays": 30}`))
 	require.False(t, res.DryRun)
 	require.EqualValues(t, 3, res.Total)
