@@ -257,6 +257,18 @@ func TestNULInAValueIsAValidationError(t *testing.T) {
 		require.Contains(t, e.Message, "NUL")
 		b.requireNothingPersisted(t)
 	}
+	// The same SQLSTATE 22021 is what a byte sequence that is not UTF-8
+	// gets (a Go caller's string, an admin route's %FF): the message must
+	// not send its caller looking for a NUL that is not there.
+	_, err := b.rt.InTx(t.Context(), "t1", framework.Metadata{}, func(ctx context.Context, tx *framework.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO orders (tenant_id, id, customer, amount_cents) VALUES ($1, $2, $3, 1)`,
+			tx.TenantID(), uuid.NewString(), "A\xffB")
+		return err
+	})
+	e := framework.ToError(err)
+	require.Equal(t, framework.CodeValidation, e.Code, "%v", err)
+	require.Contains(t, e.Message, "not valid UTF-8")
+	b.requireNothingPersisted(t)
 }
 
 // personV2 is version 2 of tx-test:event:person-named; version 1 stored
