@@ -175,9 +175,12 @@ func DecodePayload(payload json.RawMessage, v any) error {
 func decodeError(err error) error {
 	var te *json.UnmarshalTypeError
 	if errors.As(err, &te) {
-		field := te.Field
+		field, name := te.Field, te.Field
+		if name == "" {
+			name = "payload" // the payload itself has the wrong kind
+		}
 		return &ValidationError{Fields: []FieldError{{Field: field, Rule: "type", Param: te.Type.String(),
-			Message: fmt.Sprintf("%s must be of type %s, got %s", field, jsonKind(te.Type.String()), te.Value)}}}
+			Message: fmt.Sprintf("%s must be of type %s, got %s", name, jsonKind(te.Type.String()), te.Value)}}}
 	}
 	msg := err.Error()
 	if rest, ok := strings.CutPrefix(msg, "json: unknown field "); ok {
