@@ -376,6 +376,7 @@ func (a *App) Serve(ctx context.Context, ln net.Listener) error {
 	a.noteEventLog(eventstore.CheckCommitKeys(checkCtx, a.pool))
 	cancelCheck()
 	wg.Go(func() { a.watchEventLog(workCtx) })
+	wg.Go(func() { a.runCacheGuard(workCtx) })
 	if a.disp != nil {
 		wg.Go(func() {
 			// The hub's position must be set before its consumer's first

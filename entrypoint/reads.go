@@ -1,6 +1,7 @@
 package entrypoint
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/kumiko-go/kumiko/config"
@@ -16,7 +17,10 @@ import (
 type appReads struct {
 	router *replica.Router
 	cache  *cache.Cache
-	idem   *idempotency.Store
+	// guard holds the cache while an invalidation waits for its retry
+	// (api and all-in-one; nil otherwise).
+	guard *cache.Guard
+	idem  *idempotency.Store
 }
 
 // setupReads wires the read side and idempotent writes into the runtime
@@ -27,7 +31,10 @@ type appReads struct {
 //     the primary). Writes, the dispatcher and jobs keep the primary.
 //   - a query declared with a cache: the Redis entity cache serves it, and
 //     the shared system consumer system:consumer:cache-invalidation runs in
-//     the modes that run shared consumers (worker, all-in-one).
+//     the modes that run shared consumers (worker, all-in-one). Processes
+//     that serve queries (api, all-in-one) run a [cache.Guard]: reads go to
+//     the database while that consumer's row records a failed
+//     invalidation.
 //   - api and all-in-one: the idempotency store of POST /api/write and
 //     /api/batch (installed on the HTTP server with [App.idempotency]).
 func (a *App) setupReads(consumers []dispatcher.Consumer) ([]dispatcher.Consumer, error) {
@@ -50,6 +57,9 @@ func (a *App) setupReads(consumers []dispatcher.Consumer) ([]dispatcher.Consumer
 		if cons, ok := c.Consumer(a.reg); ok && a.runs(framework.RunInWorker, cons.Delivery) {
 			consumers = append(consumers, cons)
 		}
+		if a.mode != config.ModeWorker {
+			a.reads.guard = c.Guard(a.pool, 0)
+		}
 	}
 	if a.mode != config.ModeWorker {
 		s, err := idempotency.New(a.redis, &idempotency.Config{Logger: a.log, Metrics: a.metrics, TTL: a.cfg.IdempotencyTTL})
@@ -61,6 +71,14 @@ func (a *App) setupReads(consumers []dispatcher.Consumer) ([]dispatcher.Consumer
 		a.onShutdown(s.Close)
 	}
 	return consumers, nil
+}
+
+// runCacheGuard runs the cache guard, if this process has one, until ctx
+// ends.
+func (a *App) runCacheGuard(ctx context.Context) {
+	if a.reads != nil && a.reads.guard != nil {
+		_ = a.reads.guard.Run(ctx)
+	}
 }
 
 // idempotency returns the idempotency store for the HTTP server (nil before

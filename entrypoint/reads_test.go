@@ -93,6 +93,9 @@ func TestReadsWiring(t *testing.T) {
 	db := kumikotest.NewDB(t)
 	app, url := readsApp(t, "all-in-one", db, map[string]string{"DATABASE_READ_URL": db.URL})
 	require.Contains(t, app.Dispatcher().Consumers(), cache.ConsumerName)
+	// The cache guard releases the cache once the invalidation consumer
+	// registered.
+	require.Eventually(t, func() bool { return metric(t, app, "kumiko_cache_held") == 0 }, 10*time.Second, 20*time.Millisecond)
 	tenant := readsTenant()
 	t.Cleanup(func() { // the process uses the default key prefixes
 		ctx := context.Background()
@@ -139,14 +142,33 @@ func TestReadsWiring(t *testing.T) {
 }
 
 // TestAPIModeRunsNoInvalidation: the api mode uses the cache but leaves
-// the shared invalidation consumer to the workers.
+// the shared invalidation consumer to the workers; until a worker has
+// registered it, the api's cache guard sends cached reads to the database
+// (nothing would invalidate what they filled).
 func TestAPIModeRunsNoInvalidation(t *testing.T) {
 	t.Parallel()
 	db := kumikotest.NewDB(t)
-	app, _ := readsApp(t, "api", db, nil)
+	app, url := readsApp(t, "api", db, nil)
 	require.False(t, slices.Contains(app.Dispatcher().Consumers(), cache.ConsumerName))
+	require.InDelta(t, 1, metric(t, app, "kumiko_cache_held"), 0)
+	tok := readsToken(t, readsTenant())
+	status, _, body := readsPost(t, url+"/api/write", tok,
+		map[string]any{"type": "orders:write:place", "payload": map[string]any{"customer": "Ada", "amountCents": 5}}, nil)
+	require.Equal(t, http.StatusOK, status, "%s", body)
+	var w struct{ Data orders.WriteResult }
+	require.NoError(t, json.Unmarshal(body, &w))
+	get := map[string]any{"type": "orders:query:get", "payload": map[string]any{"orderId": w.Data.ID}}
+	for range 2 {
+		status, _, body = readsPost(t, url+"/api/query", tok, get, nil)
+		require.Equal(t, http.StatusOK, status, "%s", body)
+	}
+	require.InDelta(t, 0, metric(t, app, "kumiko_cache_hits_total")+metric(t, app, "kumiko_cache_misses_total"), 0, "Redis was not asked")
+	require.InDelta(t, 2, metric(t, app, "kumiko_cache_bypassed_total"), 0)
+
 	worker, _ := readsApp(t, "worker", db, nil)
 	require.Contains(t, worker.Dispatcher().Consumers(), cache.ConsumerName)
+	require.Eventually(t, func() bool { return metric(t, app, "kumiko_cache_held") == 0 }, 10*time.Second, 20*time.Millisecond,
+		"released once a worker registered the invalidation consumer")
 }
 
 func metrics(t *testing.T, app *entrypoint.App) map[string]float64 {
@@ -157,7 +179,7 @@ func metrics(t *testing.T, app *entrypoint.App) map[string]float64 {
 	for _, mf := range mfs {
 		total := 0.0
 		for _, m := range mf.GetMetric() {
-			total += m.GetCounter().GetValue()
+			total += m.GetCounter().GetValue() + m.GetGauge().GetValue()
 		}
 		out[mf.GetName()] = total
 	}

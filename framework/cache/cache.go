@@ -67,12 +67,14 @@ type Cache struct {
 	timeout   time.Duration
 	log       *slog.Logger
 	downUntil atomic.Int64 // unix nanos until which Redis is bypassed
+	held      atomic.Bool  // Redis is bypassed until the guard releases it
 	m         metrics
 }
 
 type metrics struct {
 	hits, misses, errors, bypassed *prometheus.CounterVec
 	invalidations                  prometheus.Counter
+	heldGauge                      prometheus.Gauge
 }
 
 // New returns a cache on rdb. It fails when rdb is nil or the metrics
@@ -98,9 +100,11 @@ func New(rdb redis.UniversalClient, cfg *Config) (*Cache, error) {
 		hits:     vec("kumiko_cache_hits_total", "Cached query reads answered from Redis."),
 		misses:   vec("kumiko_cache_misses_total", "Cached query reads not in Redis, loaded from the database."),
 		errors:   vec("kumiko_cache_redis_errors_total", "Cached query reads or fills that failed on Redis and went to the database."),
-		bypassed: vec("kumiko_cache_bypassed_total", "Cached query reads sent to the database without asking Redis, during the cooldown after a Redis error."),
+		bypassed: vec("kumiko_cache_bypassed_total", "Cached query reads sent to the database without asking Redis, during the cooldown after a Redis error or while the invalidations are held up."),
 		invalidations: prometheus.NewCounter(prometheus.CounterOpts{Name: "kumiko_cache_invalidations_total",
 			Help: "Cached entities invalidated by events."}),
+		heldGauge: prometheus.NewGauge(prometheus.GaugeOpts{Name: "kumiko_cache_held",
+			Help: "1 while the cache guard sends every cached read to the database because an invalidation waits for its retry."}),
 	}
 	if cfg.Metrics != nil {
 		var err error
@@ -112,6 +116,9 @@ func New(rdb redis.UniversalClient, cfg *Config) (*Cache, error) {
 		if c.m.invalidations, err = kmetrics.Register(cfg.Metrics, c.m.invalidations); err != nil {
 			return nil, err
 		}
+		if c.m.heldGauge, err = kmetrics.Register(cfg.Metrics, c.m.heldGauge); err != nil {
+			return nil, err
+		}
 	}
 	return c, nil
 }
@@ -121,12 +128,13 @@ func (c *Cache) Key(tenant, query, key string) string {
 	return c.prefix + ":" + url.QueryEscape(tenant) + ":" + url.QueryEscape(query) + ":" + url.QueryEscape(key)
 }
 
-// errBypassed is returned by Lookup during the cooldown.
+// errBypassed is returned by Lookup during the cooldown and while the
+// cache is held (see Guard).
 var errBypassed = errors.New("cache: bypassed after a redis error")
 
 // Lookup implements [framework.QueryCacheStore].
 func (c *Cache) Lookup(ctx context.Context, tenant, query, key string) ([]byte, string, error) {
-	if time.Now().UnixNano() < c.downUntil.Load() {
+	if c.held.Load() || time.Now().UnixNano() < c.downUntil.Load() {
 		c.m.bypassed.WithLabelValues(query).Inc()
 		return nil, "", errBypassed
 	}

@@ -364,3 +364,84 @@ func TestUndecodableEntryIsReplaced(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(v), `"customer":"Ada"`, "and the entry was replaced")
 }
+
+// A worker whose invalidations fail (here: its Redis user loses its
+// permissions, as a worker cut off from Redis would) leaves the entries of
+// the entities changed meanwhile in Redis. The guard of an API process
+// that still reaches Redis sees the failure in the consumer's state row
+// and sends reads to the database until the retry delivered the
+// invalidation; without it, reads answered the old state.
+func TestGuardHoldsTheCacheWhileAnInvalidationWaits(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	ctx := t.Context()
+	admin := srv.Client()
+	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "worker", "on", ">worker-secret", "~*", "+@all").Err())
+	workerRDB := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: "worker", Password: "worker-secret", MaxRetries: -1})
+	t.Cleanup(func() { _ = workerRDB.Close() })
+
+	prefix := "kumiko-test:cache:" + randomHex(6)
+	b := &bundle{db: kumikotest.NewDB(t), reg: framework.NewRegistry()}
+	orders.Register(b.reg)
+	var err error
+	b.cache, err = cache.New(admin, &cache.Config{Prefix: prefix, Metrics: prometheus.NewRegistry()})
+	require.NoError(t, err)
+	worker, err := cache.New(workerRDB, &cache.Config{Prefix: prefix})
+	require.NoError(t, err)
+	b.router = &tokens{pool: b.db.Pool}
+	b.rt, err = framework.NewRuntime(b.reg, b.db.Pool, &framework.RuntimeConfig{QueryCache: b.cache, ReadRouter: b.router})
+	require.NoError(t, err)
+	cons, ok := worker.Consumer(b.reg)
+	require.True(t, ok)
+	d, err := dispatcher.New(b.db.Pool, b.reg, []dispatcher.Consumer{cons}, &dispatcher.Config{
+		InstanceID: "cache-worker", PollInterval: 20 * time.Millisecond, RetryBaseDelay: 100 * time.Millisecond})
+	require.NoError(t, err)
+	b.rt.OnCommit(func(int) { d.Wake() })
+	guard := b.cache.Guard(b.db.Pool, 20*time.Millisecond)
+	require.True(t, b.cache.Held(), "held until the guard read the consumer's state")
+	runCtx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = d.Run(runCtx) })
+	wg.Go(func() { _ = guard.Run(runCtx) })
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	require.Eventually(t, func() bool { return !b.cache.Held() }, 10*time.Second, 10*time.Millisecond,
+		"released once the consumer is registered and not failing")
+
+	id := b.place(t, "acme", "Ada")
+	for range 2 {
+		o, err := b.get(t, call("acme"), id)
+		require.NoError(t, err)
+		require.Equal(t, "placed", o.Status)
+	}
+	require.Equal(t, cache.Stats{Misses: 1, Hits: 1}, b.cache.Stats())
+
+	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "worker", "-@all").Err())
+	_, err = b.rt.Write(ctx, call("acme"), []framework.Command{{Type: "orders:write:cancel",
+		Payload: []byte(`{"orderId":"` + id + `","expectedVersion":1}`)}})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		st, err := dispatcher.Status(ctx, b.db.Pool, cache.ConsumerName, dispatcher.SharedInstance)
+		return err == nil && st.Attempts > 0
+	}, 10*time.Second, 10*time.Millisecond, "the invalidation fails")
+	// The guard sees the failure within its interval (the window in which
+	// a read may still answer the old state).
+	require.Eventually(t, b.cache.Held, 5*time.Second, 10*time.Millisecond, "held while the invalidation waits")
+	hits, bypassed := b.cache.Stats().Hits, b.cache.Stats().Bypassed
+	for range 3 {
+		o, err := b.get(t, call("acme"), id)
+		require.NoError(t, err)
+		require.Equal(t, "cancelled", o.Status, "a held cache must not answer the old state")
+	}
+	require.InDelta(t, hits, b.cache.Stats().Hits, 0, "no read came from Redis meanwhile")
+	require.InDelta(t, bypassed+3, b.cache.Stats().Bypassed, 0)
+
+	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "worker", "+@all").Err())
+	require.Eventually(t, func() bool { return !b.cache.Held() }, 10*time.Second, 10*time.Millisecond,
+		"released once the retry delivered the invalidation")
+	for range 2 {
+		o, err := b.get(t, call("acme"), id)
+		require.NoError(t, err)
+		require.Equal(t, "cancelled", o.Status)
+	}
+	require.InDelta(t, hits+1, b.cache.Stats().Hits, 0, "the cache answers again")
+}

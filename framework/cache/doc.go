@@ -36,4 +36,11 @@
 // the query reads the database. After an error the cache is bypassed for
 // [Config].Cooldown (default 1 s; kumiko_cache_bypassed_total counts those
 // reads), so an unreachable Redis does not add its timeout to every read.
+//
+// # Held invalidations
+//
+// An invalidation that failed leaves the old entries in Redis until the
+// consumer's retry succeeds. A [Guard], run by the processes that serve
+// queries, reads the consumer's state row and bypasses Redis while it
+// records such a failure (kumiko_cache_held is 1 meanwhile).
 package cache
