@@ -84,7 +84,7 @@ func (s *Server) idempotent(next echo.HandlerFunc) echo.HandlerFunc {
 			if header != "" && header != kb.RequestID {
 				return &framework.Error{Code: framework.CodeBadRequest,
 					Message: "the Idempotency-Key header and the body's requestId differ; send one key",
-					Details: map[string]any{"header": header, "requestId": kb.RequestID}}
+					Details: map[string]any{"header": shownKey(header), "requestId": shownKey(kb.RequestID)}}
 			}
 			key = kb.RequestID
 		}
@@ -130,6 +130,15 @@ func (s *Server) idempotent(next echo.HandlerFunc) echo.HandlerFunc {
 		}
 		return s.runClaimed(c, next, claim, key)
 	}
+}
+
+// shownKey bounds how much of a client's key an error repeats: a valid key
+// whole, a longer value cut (a megabyte of requestId is not echoed).
+func shownKey(k string) string {
+	if len(k) > idempotency.MaxKeyLength {
+		return k[:idempotency.MaxKeyLength] + "..."
+	}
+	return k
 }
 
 // committedCheckTimeout bounds unlessCommitted's query; committedCheckMargin

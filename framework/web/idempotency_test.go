@@ -240,6 +240,13 @@ func TestIdempotencyKeyInBody(t *testing.T) {
 	env := b.keyed(t, "/api/write", tok, "other-"+randHex(4), withID).requireError(t, http.StatusBadRequest, "bad_request")
 	require.Contains(t, env.Error.Message, "differ")
 	b.requireRows(t, 1, 1)
+	// A huge requestId is not echoed whole.
+	huge := place("Grace")
+	huge["requestId"] = strings.Repeat("r", 100_000)
+	env = b.keyed(t, "/api/write", tok, key, huge).requireError(t, http.StatusBadRequest, "bad_request")
+	shown, _ := env.Error.Details["requestId"].(string)
+	require.Equal(t, strings.Repeat("r", idempotency.MaxKeyLength)+"...", shown)
+	b.requireRows(t, 1, 1)
 
 	// A batch with a requestId.
 	batch := map[string]any{"requestId": "batch-" + key, "commands": []any{
