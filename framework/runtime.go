@@ -383,6 +383,8 @@ func (rt *Runtime) runOn(ctx context.Context, conn *pgxpool.Conn, tenant string,
 		return 0, err
 	}
 	tx := newTx(lz, rt.reg, tenant, p, meta, readOnly)
+	// A Tx kept past fn must not reach the connection once it is released.
+	defer tx.end()
 	if err := fn(ctx, tx); err != nil {
 		if lz.Begun() {
 			rollback(conn.Conn())

@@ -53,7 +53,9 @@ type DB = eventstore.DB
 //
 // A Tx is valid only until the handler it was passed to returns: the
 // transaction ends then, and a dispatcher pass reuses the Tx for its next
-// event. Do not keep it, or hand it to a goroutine that outlives the call.
+// event. Do not keep it, or hand it to a goroutine that outlives the call:
+// the Tx of a write, a query or [Runtime.InTx] fails every later call with
+// [ErrTxDone].
 type Tx struct {
 	db        DB
 	reg       *Registry
@@ -71,6 +73,8 @@ type Tx struct {
 	inlineErr error
 	// written counts every event this Tx wrote.
 	written int
+	// done is set when the transaction ended (see [Tx.end]).
+	done bool
 }
 
 type pendingAppend struct {
@@ -82,6 +86,31 @@ type pendingAppend struct {
 // newTx wraps an open, already scoped transaction.
 func newTx(db DB, reg *Registry, tenant string, p Principal, meta Metadata, readOnly bool) *Tx {
 	return &Tx{db: db, reg: reg, tenant: tenant, principal: p, meta: meta, readOnly: readOnly}
+}
+
+// end marks the transaction ended: its connection is back in the pool,
+// where a statement would run outside the transaction and its tenant scope
+// (or in another request's transaction), so every later call fails with
+// [ErrTxDone].
+func (t *Tx) end() {
+	t.done = true
+	t.db = doneDB{}
+	t.pending = nil
+	t.flushed = nil
+}
+
+// doneDB is the DB of an ended Tx: every statement fails with ErrTxDone.
+type doneDB struct{}
+
+func (doneDB) Exec(context.Context, string, ...any) (pgconn.CommandTag, error) {
+	return pgconn.CommandTag{}, ErrTxDone
+}
+func (doneDB) Query(context.Context, string, ...any) (pgx.Rows, error) { return nil, ErrTxDone }
+func (doneDB) QueryRow(context.Context, string, ...any) pgx.Row {
+	return tenancy.FailedRow(ErrTxDone)
+}
+func (doneDB) SendBatch(context.Context, *pgx.Batch) pgx.BatchResults {
+	return tenancy.FailedBatch(ErrTxDone)
 }
 
 // Exec runs a statement in the transaction.
@@ -124,6 +153,11 @@ func (t *Tx) CorrelationID() string { return t.meta.CorrelationID }
 // write handlers).
 func (t *Tx) CausationID() string { return t.meta.CausationID }
 
+// ErrTxDone is returned by every method of a [Tx] called after the
+// transaction it belongs to ended (its handler returned; it committed or
+// rolled back).
+var ErrTxDone = errors.New("kumiko: Tx used after its transaction ended (keep no Tx past the handler it was passed to)")
+
 // ErrReadOnly is returned by [Tx.Append] in a query handler.
 var ErrReadOnly = errors.New("kumiko: append in a read-only transaction")
 
@@ -134,6 +168,9 @@ var ErrReadOnly = errors.New("kumiko: append in a read-only transaction")
 // is a *[ValidationError]; nothing is buffered then. A version mismatch is
 // reported when the events are written, as a *[ConcurrencyError].
 func (t *Tx) Append(stream Stream, expectedVersion int64, events ...PendingEvent) error {
+	if t.done {
+		return ErrTxDone
+	}
 	if t.readOnly {
 		return ErrReadOnly
 	}
@@ -207,6 +244,9 @@ func (t *Tx) queueFlush(b *pgx.Batch) error {
 // in a read's flush cannot commit when the handler ignores the read's
 // error.
 func (t *Tx) Flush(ctx context.Context) ([]Envelope, error) {
+	if t.done {
+		return nil, ErrTxDone
+	}
 	if t.inlineErr != nil {
 		return nil, t.inlineErr
 	}
