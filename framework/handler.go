@@ -31,7 +31,9 @@ type WriteOptions[In, Out any] struct {
 	// are written and the inline projections have run. An error rolls back.
 	PostSave func(ctx context.Context, tx *Tx, in In, out Out) error
 	// AfterCommit runs after the transaction committed (not for a rolled
-	// back batch). It cannot undo the write; errors are its own to handle.
+	// back batch). It cannot undo the write; errors are its own to handle,
+	// and a panic is logged ([RuntimeConfig].Logger) and does not fail the
+	// write.
 	AfterCommit func(ctx context.Context, in In, out Out)
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -102,7 +103,8 @@ func (rt *Runtime) Registry() *Registry { return rt.reg }
 // Pool returns the primary pool.
 func (rt *Runtime) Pool() *pgxpool.Pool { return rt.pool }
 
-// OnCommit adds a function called after every commit that wrote events.
+// OnCommit adds a function called after every commit that wrote events, in
+// the order added; a panic of one is logged and does not fail the write.
 // Call it before the runtime serves requests.
 func (rt *Runtime) OnCommit(fn func(events int)) { rt.onCommit = append(rt.onCommit, fn) }
 
@@ -259,7 +261,7 @@ func (rt *Runtime) write(ctx context.Context, call Call, cmds []Command, withTok
 		return nil, "", err
 	}
 	for _, a := range afters {
-		a(ctx)
+		rt.afterCommit(call.RequestID, "AfterCommit", func() { a(ctx) })
 	}
 	if token == nil {
 		return results, "", nil
@@ -427,10 +429,24 @@ func (rt *Runtime) runOn(ctx context.Context, conn *pgxpool.Conn, tenant string,
 	}
 	if tx.written > 0 {
 		for _, f := range rt.onCommit {
-			f(tx.written)
+			rt.afterCommit(meta.RequestID, "OnCommit", func() { f(tx.written) })
 		}
 	}
 	return tx.written, nil
+}
+
+// afterCommit runs a hook of a committed transaction. The write cannot be
+// undone any more: a panic of the hook is logged, not propagated, so that
+// the caller still learns that the write committed (a 500 would be
+// retried, writing twice) and the other hooks still run.
+func (rt *Runtime) afterCommit(requestID, hook string, fn func()) {
+	defer func() {
+		if v := recover(); v != nil {
+			rt.logger.Error("hook panicked after commit", "hook", hook, "request_id", requestID,
+				"panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+		}
+	}()
+	fn()
 }
 
 // rollback ends a failed transaction; a connection that cannot is
