@@ -130,10 +130,11 @@ func (e *ValidationError) Error() string {
 // (HTTP 409, version_conflict). Nothing of the command persists.
 type ConcurrencyError = eventstore.ConcurrencyError
 
-// ToError converts any error into the user-facing *Error: *Error as is,
-// *ValidationError to validation_error with the field list, a concurrency
-// error to version_conflict; everything else to internal (Err keeps the
-// cause for the log).
+// ToError converts any error into the user-facing *Error: *Error as is
+// (also when it wraps one of the others), *ValidationError to
+// validation_error with the field list, a concurrency error to
+// version_conflict; everything else to internal (Err keeps the cause for
+// the log).
 func ToError(err error) *Error {
 	if err == nil {
 		return nil
@@ -142,6 +143,13 @@ func ToError(err error) *Error {
 	if errors.As(err, &be) {
 		return toBatchError(be)
 	}
+	// Before the validation and concurrency errors: a handler that wrapped
+	// one in its own *Error chose what the client sees (neither of them
+	// wraps an *Error, so the *Error found is the outer one).
+	var fe *Error
+	if errors.As(err, &fe) {
+		return fe
+	}
 	var ve *ValidationError
 	if errors.As(err, &ve) {
 		return &Error{Code: CodeValidation, Message: ve.Error(), Details: map[string]any{"fields": ve.Fields}, Err: err}
@@ -149,10 +157,6 @@ func ToError(err error) *Error {
 	var ce *ConcurrencyError
 	if errors.As(err, &ce) {
 		return versionConflict(ce, err)
-	}
-	var fe *Error
-	if errors.As(err, &fe) {
-		return fe
 	}
 	if pe := translatePg(err); pe != nil {
 		return pe
