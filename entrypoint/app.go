@@ -182,6 +182,10 @@ func New(ctx context.Context, opts Options) (_ *App, err error) {
 			sc = *opts.SSE
 		}
 		sc.Logger, sc.Metrics = a.log, a.metrics
+		// One pass of the hub's consumer publishes up to a batch at once,
+		// and the next may follow before a client's handler took the
+		// first: a client that keeps up must not be dropped for that.
+		sc.Buffer = max(cmp.Or(sc.Buffer, sse.DefaultBuffer), 2*a.cfg.DispatcherBatchSize)
 		if a.hub, err = sse.New(a.pool, a.reg, &sc); err != nil {
 			return nil, fmt.Errorf("entrypoint: %w", err)
 		}

@@ -24,6 +24,9 @@ import (
 // it.
 const ConsumerName = "system:consumer:sse-broadcast"
 
+// DefaultBuffer is [Config].Buffer's default.
+const DefaultBuffer = 1024
+
 // Config tunes [New]. A nil *Config means the defaults.
 type Config struct {
 	// Buffer is the most frames queued per client (the queue grows on
@@ -31,7 +34,8 @@ type Config struct {
 	// disconnected (it reconnects with its last id and catches up from the
 	// events table), so one slow client never delays the others. Keep it
 	// above the dispatcher's batch size: one pass publishes a whole batch
-	// at once. Defaults to 1024.
+	// at once (the entrypoint makes it at least twice that). Defaults to
+	// [DefaultBuffer].
 	Buffer int
 	// Heartbeat is the period of the comment frames that keep idle
 	// connections (and the proxies on their way) open. Defaults to 15s.
@@ -104,7 +108,7 @@ func New(pool *pgxpool.Pool, reg *framework.Registry, cfg *Config) (*Hub, error)
 		cfg = &Config{}
 	}
 	c := *cfg
-	c.Buffer = cmp.Or(max(c.Buffer, 0), 1024)
+	c.Buffer = cmp.Or(max(c.Buffer, 0), DefaultBuffer)
 	c.Heartbeat = cmp.Or(max(c.Heartbeat, 0), 15*time.Second)
 	c.Retry = cmp.Or(max(c.Retry, 0), 2*time.Second)
 	c.WriteTimeout = cmp.Or(max(c.WriteTimeout, 0), 10*time.Second)
