@@ -32,9 +32,9 @@ type appReads struct {
 //   - a query declared with a cache: the Redis entity cache serves it, and
 //     the shared system consumer system:consumer:cache-invalidation runs in
 //     the modes that run shared consumers (worker, all-in-one). Processes
-//     that serve queries (api, all-in-one) run a [cache.Guard]: reads go to
-//     the database while that consumer's row records a failed
-//     invalidation.
+//     that serve queries (api, all-in-one) run a [cache.Guard] when some
+//     event invalidates a cached query: reads go to the database while
+//     that consumer's row records a failed invalidation.
 //   - api and all-in-one: the idempotency store of POST /api/write and
 //     /api/batch (installed on the HTTP server with [App.idempotency]).
 func (a *App) setupReads(consumers []dispatcher.Consumer) ([]dispatcher.Consumer, error) {
@@ -54,10 +54,14 @@ func (a *App) setupReads(consumers []dispatcher.Consumer) ([]dispatcher.Consumer
 		}
 		a.reads.cache = c
 		a.rt.SetQueryCache(c)
-		if cons, ok := c.Consumer(a.reg); ok && a.runs(framework.RunInWorker, cons.Delivery) {
+		cons, ok := c.Consumer(a.reg)
+		if ok && a.runs(framework.RunInWorker, cons.Delivery) {
 			consumers = append(consumers, cons)
 		}
-		if a.mode != config.ModeWorker {
+		// Without an invalidating event (TTL-only caches) there is no
+		// consumer, no state row, and nothing to hold: a guard would hold
+		// the cache for good.
+		if ok && a.mode != config.ModeWorker {
 			a.reads.guard = c.Guard(a.pool, 0)
 		}
 	}

@@ -31,6 +31,13 @@ const readsSecret = "reads-test-secret-0123456789abcdef0123"
 // readsApp builds and serves an App of mode with the orders feature.
 func readsApp(t *testing.T, mode string, db *kumikotest.DB, env map[string]string) (*entrypoint.App, string) {
 	t.Helper()
+	return readsAppWith(t, mode, db, env, func(r *framework.Registry) { orders.Register(r) })
+}
+
+// readsAppWith builds and serves an App of mode with the features register
+// declares.
+func readsAppWith(t *testing.T, mode string, db *kumikotest.DB, env map[string]string, register func(*framework.Registry)) (*entrypoint.App, string) {
+	t.Helper()
 	vars := map[string]string{"APP_MODE": mode, "DATABASE_URL": db.URL, "JWT_SECRET": readsSecret,
 		"KUMIKO_DISPATCHER_POLL_INTERVAL_MS": "20", "HTTP_ADDR": "127.0.0.1:0", "WORKER_HTTP_ADDR": "127.0.0.1:0"}
 	for k, v := range env {
@@ -38,7 +45,7 @@ func readsApp(t *testing.T, mode string, db *kumikotest.DB, env map[string]strin
 	}
 	cfg, err := config.FromLookup(func(k string) (string, bool) { v, ok := vars[k]; return v, ok })
 	require.NoError(t, err)
-	app, err := entrypoint.New(t.Context(), entrypoint.Options{Config: cfg, Register: func(r *framework.Registry) { orders.Register(r) }})
+	app, err := entrypoint.New(t.Context(), entrypoint.Options{Config: cfg, Register: register})
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -189,4 +196,40 @@ func metrics(t *testing.T, app *entrypoint.App) map[string]float64 {
 func metric(t *testing.T, app *entrypoint.App, name string) float64 {
 	t.Helper()
 	return metrics(t, app)[name]
+}
+
+// TestTTLOnlyCacheIsNotHeld: a registry whose cached queries name no
+// invalidating event has no invalidation consumer, so no state row ever
+// appears for the cache guard to read. Nothing can be held up, and the
+// cache serves its entries for their TTL; the guard held it (every read
+// went to the database) for the life of the process.
+func TestTTLOnlyCacheIsNotHeld(t *testing.T) {
+	t.Parallel()
+	type in struct {
+		ID string `json:"id" validate:"required"`
+	}
+	db := kumikotest.NewDB(t)
+	app, url := readsAppWith(t, "all-in-one", db, nil, func(r *framework.Registry) {
+		f := r.Feature("ttl-only")
+		framework.Query(f, "echo", func(_ context.Context, _ *framework.Tx, in in) (in, error) { return in, nil },
+			&framework.QueryOptions{Cache: framework.CacheBy(time.Minute, func(in in) string { return in.ID })})
+	})
+	require.NotContains(t, app.Dispatcher().Consumers(), cache.ConsumerName)
+	tenant := readsTenant()
+	t.Cleanup(func() {
+		ctx := context.Background()
+		keys, _ := app.Redis().Keys(ctx, "kumiko:cache:"+tenant+":*").Result()
+		if len(keys) > 0 {
+			app.Redis().Del(ctx, keys...)
+		}
+	})
+	require.Eventually(t, func() bool { return metric(t, app, "kumiko_cache_held") == 0 }, 3*time.Second, 20*time.Millisecond,
+		"no invalidation can be held up")
+	tok := readsToken(t, tenant)
+	echo := map[string]any{"type": "ttl-only:query:echo", "payload": map[string]any{"id": "a"}}
+	for range 2 {
+		status, _, body := readsPost(t, url+"/api/query", tok, echo, nil)
+		require.Equal(t, http.StatusOK, status, "%s", body)
+	}
+	require.InDelta(t, 1, metric(t, app, "kumiko_cache_hits_total"), 0)
 }
