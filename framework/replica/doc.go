@@ -30,5 +30,7 @@
 // that hangs (takes the connection or the check and never answers) counts
 // as failed too; a query without a token has no such bound beyond its
 // context, which a hung replica holds until it ends, unless the cooldown
-// is already running.
+// is already running. A token query that finds every replica connection
+// in use by other queries until that bound runs on the primary as a lag
+// fallback, without the cooldown: a busy replica has not failed.
 package replica

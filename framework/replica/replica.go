@@ -61,7 +61,8 @@ type Router struct {
 
 // Fallback reasons, the values of the reason label.
 const (
-	// ReasonLag: the replica had not replayed the token within the wait.
+	// ReasonLag: the replica had not replayed the token within the wait,
+	// or every replica connection stayed in use by other queries.
 	ReasonLag = "lag"
 	// ReasonError: the replica could not be reached or answered an error.
 	ReasonError = "error"
@@ -134,6 +135,12 @@ func (r *Router) AcquireRead(ctx context.Context, token string) (*pgxpool.Conn, 
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, err
+		}
+		if st := r.replica.Stat(); st.AcquiredConns() >= st.MaxConns() {
+			// Every replica connection is in use by other queries: the
+			// replica is busy, not failed. This query goes to the primary,
+			// the others keep the replica (no cooldown).
+			return r.fallback(ctx, ReasonLag, nil)
 		}
 		return r.fallback(ctx, ReasonError, err)
 	}

@@ -354,3 +354,38 @@ func TestHangingReplicaFallsBackWithinTheWait(t *testing.T) {
 	require.InDelta(t, 2, router.Fallbacks(replica.ReasonError), 0)
 	require.Zero(t, router.Fallbacks(replica.ReasonLag))
 }
+
+// TestBusyReplicaPoolIsNoReplicaFailure: a token query that finds every
+// replica connection in use by other queries runs on the primary once the
+// bounded wait has passed, but a busy pool is no failure of the replica:
+// it counts as a lag fallback, and the queries after it still use the
+// replica. The deadline bounding a hung replica also bounded the wait for
+// a free connection of a healthy one, and opened the cooldown for it:
+// under load, every read went to the primary for a second at a time.
+func TestBusyReplicaPoolIsNoReplicaFailure(t *testing.T) {
+	t.Parallel()
+	db := kumikotest.NewDB(t)
+	pc, err := pgxpool.ParseConfig(db.URL)
+	require.NoError(t, err)
+	pc.MaxConns = 1
+	busy, err := pgxpool.NewWithConfig(t.Context(), pc)
+	require.NoError(t, err)
+	t.Cleanup(busy.Close)
+	router, err := replica.New(db.Pool, busy, &replica.Config{WaitTimeout: 100 * time.Millisecond, Cooldown: time.Minute})
+	require.NoError(t, err)
+	held, err := busy.Acquire(t.Context())
+	require.NoError(t, err)
+	conn, err := router.AcquireRead(t.Context(), "0/1")
+	held.Release()
+	require.NoError(t, err, "the primary answers")
+	conn.Release()
+	require.Zero(t, router.Fallbacks(replica.ReasonError))
+	require.InDelta(t, 1, router.Fallbacks(replica.ReasonLag), 0)
+
+	conn, err = router.AcquireRead(t.Context(), "")
+	require.NoError(t, err)
+	onReplica := busy.Stat().AcquiredConns() == 1
+	conn.Release()
+	require.True(t, onReplica, "no cooldown: the replica serves the next query")
+	require.Zero(t, router.Fallbacks(replica.ReasonError))
+}
