@@ -1,10 +1,13 @@
 package cache_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -444,4 +447,59 @@ func TestGuardHoldsTheCacheWhileAnInvalidationWaits(t *testing.T) {
 		require.Equal(t, "cancelled", o.Status)
 	}
 	require.InDelta(t, hits+1, b.cache.Stats().Hits, 0, "the cache answers again")
+}
+
+// The guard starts held; when its first read of the consumer's state keeps
+// it held, it says why in the log (the gauge alone did), and a release at
+// its first read is not logged.
+func TestGuardLogsWhyItStaysHeldAtBoot(t *testing.T) {
+	t.Parallel()
+	db := kumikotest.NewDB(t)
+	reg := framework.NewRegistry()
+	orders.Register(reg)
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	logger := slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &mu}, nil))
+	c, err := cache.New(redistest.Shared(t), &cache.Config{Prefix: "kumiko-test:cache:" + randomHex(6), Logger: logger})
+	require.NoError(t, err)
+	cons, ok := c.Consumer(reg)
+	require.True(t, ok)
+	d, err := dispatcher.New(db.Pool, reg, []dispatcher.Consumer{cons}, &dispatcher.Config{InstanceID: "boot"})
+	require.NoError(t, err)
+	require.NoError(t, d.Register(t.Context()))
+	require.NoError(t, dispatcher.Disable(t.Context(), db.Pool, cache.ConsumerName, ""))
+
+	read := func() string { mu.Lock(); defer mu.Unlock(); return logs.String() }
+	// runGuard runs a new guard until cond holds and it read the state
+	// twice more.
+	runGuard := func(cond func() bool) {
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = c.Guard(db.Pool, 10*time.Millisecond).Run(ctx) }()
+		require.Eventually(t, cond, 10*time.Second, 5*time.Millisecond)
+		time.Sleep(20 * time.Millisecond)
+		cancel()
+		<-done
+	}
+	runGuard(func() bool { return strings.Contains(read(), "the invalidation consumer is disabled") })
+	require.True(t, c.Held())
+
+	require.NoError(t, dispatcher.Enable(t.Context(), db.Pool, cache.ConsumerName, ""))
+	mu.Lock()
+	logs.Reset()
+	mu.Unlock()
+	runGuard(func() bool { return !c.Held() })
+	require.NotContains(t, read(), "cache released", "a release at the first read is no news")
+}
+
+// lockedWriter serialises writes to w.
+type lockedWriter struct {
+	w  io.Writer
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

@@ -41,6 +41,10 @@ type Guard struct {
 	c        *Cache
 	pool     *pgxpool.Pool
 	interval time.Duration
+	// checked is set by the first read of the row (Run's goroutine only):
+	// the hold the guard starts with is logged only when that read keeps
+	// it, its release not at all.
+	checked bool
 }
 
 // Guard returns a guard of c that reads the invalidation consumer's state
@@ -59,9 +63,10 @@ func (c *Cache) Guard(pool *pgxpool.Pool, interval time.Duration) *Guard {
 // held up (see [Guard]).
 func (c *Cache) Held() bool { return c.held.Load() }
 
-// hold sets whether the cache is held, logging a change.
-func (c *Cache) hold(held bool, why string) {
-	if c.held.Swap(held) == held {
+// hold sets whether the cache is held, logging a change (and, with
+// first, a hold that did not change).
+func (c *Cache) hold(held bool, why string, first bool) {
+	if c.held.Swap(held) == held && !(first && held) {
 		return
 	}
 	if held {
@@ -70,7 +75,9 @@ func (c *Cache) hold(held bool, why string) {
 		return
 	}
 	c.m.heldGauge.Set(0)
-	c.log.Info("cache released: the invalidations caught up")
+	if !first {
+		c.log.Info("cache released: the invalidations caught up")
+	}
 }
 
 // Run reads the consumer's state every interval until ctx ends; it returns
@@ -98,18 +105,25 @@ func (g *Guard) check(ctx context.Context) {
 		lastErr string
 	)
 	err := g.pool.QueryRow(ctx, guardSQL, ConsumerName, dispatcher.SharedInstance).Scan(&status, &failing, &lastErr)
+	first := !g.checked
 	switch {
+	case errors.Is(err, pgx.ErrNoRows) && first:
+		// At boot the dispatcher of this process may not have registered
+		// it yet: no warning for that.
+		g.c.log.Info("cache held until a worker has registered the invalidation consumer")
 	case errors.Is(err, pgx.ErrNoRows):
-		g.c.hold(true, "the invalidation consumer is not registered: no worker has run it yet")
+		g.c.hold(true, "the invalidation consumer is not registered: no worker has run it", false)
 	case err != nil:
 		if !errors.Is(ctx.Err(), context.Canceled) { // not at shutdown
 			g.c.log.Warn("cache guard: read the invalidation consumer's state", "error", err)
 		}
+		return
 	case status == string(dispatcher.StateDisabled) || status == string(dispatcher.StateDead):
-		g.c.hold(true, fmt.Sprintf("the invalidation consumer is %s", status))
+		g.c.hold(true, fmt.Sprintf("the invalidation consumer is %s", status), first)
 	case failing:
-		g.c.hold(true, "an invalidation failed and waits for its retry: "+lastErr)
+		g.c.hold(true, "an invalidation failed and waits for its retry: "+lastErr, first)
 	default:
-		g.c.hold(false, "")
+		g.c.hold(false, "", first)
 	}
+	g.checked = true
 }
