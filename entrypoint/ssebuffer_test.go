@@ -2,16 +2,14 @@ package entrypoint_test
 
 import (
 	"context"
-	"net"
 	"net/http"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"github.com/kumiko-go/kumiko/config"
-	"github.com/kumiko-go/kumiko/entrypoint"
 	"github.com/kumiko-go/kumiko/features/orders"
 	"github.com/kumiko-go/kumiko/framework"
 	"github.com/kumiko-go/kumiko/framework/kumikotest"
@@ -27,24 +25,9 @@ import (
 func TestSSEBufferCoversTheDispatcherBatch(t *testing.T) {
 	t.Parallel()
 	const batch, n = 3000, 6000
-	db := kumikotest.NewDB(t)
-	vars := map[string]string{"APP_MODE": "all-in-one", "DATABASE_URL": db.URL, "JWT_SECRET": readsSecret,
-		"KUMIKO_DISPATCHER_POLL_INTERVAL_MS": "20", "KUMIKO_DISPATCHER_BATCH_SIZE": "3000",
-		"HTTP_ADDR": "127.0.0.1:0", "WORKER_HTTP_ADDR": "127.0.0.1:0"}
-	cfg, err := config.FromLookup(func(k string) (string, bool) { v, ok := vars[k]; return v, ok })
-	require.NoError(t, err)
-	require.Equal(t, batch, cfg.DispatcherBatchSize)
 	var feat *orders.Feature
-	app, err := entrypoint.New(t.Context(), entrypoint.Options{Config: cfg,
-		Register: func(r *framework.Registry) { feat = orders.Register(r) }})
-	require.NoError(t, err)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- app.Serve(ctx, ln) }()
-	t.Cleanup(func() { cancel(); <-done })
-	url := "http://" + ln.Addr().String()
+	app, url := readsAppWith(t, "all-in-one", kumikotest.NewDB(t), map[string]string{"KUMIKO_DISPATCHER_BATCH_SIZE": strconv.Itoa(batch)},
+		func(r *framework.Registry) { feat = orders.Register(r) })
 
 	tenant := readsTenant()
 	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, url+sse.Path+"?types=orders:event:placed", nil)
