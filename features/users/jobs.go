@@ -88,12 +88,25 @@ func registerJobs(f *framework.Feature, ft *Feature, sender Sender, spec string)
 	}, nil)
 
 	// nightly-report runs once per tick however many workers run the
-	// scheduler: the tick's task id is derived from the job and the tick.
+	// scheduler (the tick's task id is derived from the job and the tick)
+	// and however often asynq delivers the run (see nightlyReport).
 	jobs.Cron(f, "nightly-report", cmp.Or(spec, DefaultNightlyReportSpec), nil, func(ctx context.Context, jc *jobs.Context, t jobs.Tick) error {
-		return jc.InTx(ctx, func(ctx context.Context, tx *framework.Tx) error {
-			_, err := tx.Exec(ctx, `INSERT INTO nightly_reports (tick, tenants, users)
-				SELECT $1, count(DISTINCT tenant_id), count(*) FROM users`, t.Time)
-			return err
-		})
+		return jc.InTx(ctx, func(ctx context.Context, tx *framework.Tx) error { return nightlyReport(ctx, tx, t) })
 	})
+}
+
+// nightlyReport writes the report of tick t in tx (the system tenant's,
+// which sees every tenant's users), once per tick. The task id keeps
+// several schedulers from enqueueing a tick twice, but asynq delivers a run
+// at least once: a worker that dies after the commit and before asynq
+// records the success runs it again. The tick's HandledOnce claim commits
+// with the report, so such a run writes nothing.
+func nightlyReport(ctx context.Context, tx *framework.Tx, t jobs.Tick) error {
+	first, err := jobs.HandledOnce(ctx, tx, "nightly-report:"+t.Time.UTC().Format(time.RFC3339Nano))
+	if err != nil || !first {
+		return err
+	}
+	_, err = tx.Exec(ctx, `INSERT INTO nightly_reports (tick, tenants, users)
+		SELECT $1, count(DISTINCT tenant_id), count(*) FROM users`, t.Time)
+	return err
 }
