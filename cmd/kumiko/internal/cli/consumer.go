@@ -8,6 +8,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
@@ -307,9 +308,10 @@ func writeConsumerStatus(w io.Writer, s dispatcher.ConsumerStatus) error {
 	return tw.Flush()
 }
 
-// consumerOneLine flattens s to one line of at most n runes.
+// consumerOneLine flattens s to one line of at most n runes, with its
+// control characters escaped (see [printable]).
 func consumerOneLine(s string, n int) string {
-	s = strings.Join(strings.Fields(s), " ")
+	s = printable(strings.Join(strings.Fields(s), " "))
 	if r := []rune(s); len(r) > n {
 		return string(r[:n-1]) + "…"
 	}
@@ -328,4 +330,25 @@ func consumerAge(d time.Duration) string {
 	default:
 		return fmt.Sprintf("%dd", int(d.Hours()/24))
 	}
+}
+
+// printable escapes the control characters left in s (ESC, BEL, NUL, DEL,
+// the C1 range such as CSI) as \xNN. An error text is data: a
+// handler's or a remote service's message may quote an event's payload,
+// and written raw to the operator's terminal its escape sequences would
+// clear the screen, move the cursor over other rows (hiding a dead
+// consumer), retitle the window or set the clipboard.
+func printable(s string) string {
+	if !strings.ContainsFunc(s, unicode.IsControl) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if unicode.IsControl(r) { // C0, DEL and C1: all below U+0100
+			fmt.Fprintf(&b, "\\x%02x", r)
+		} else {
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }

@@ -166,9 +166,10 @@ func jobsRetryCmd() *cobra.Command {
 	return cmd
 }
 
-// jobsOneLine flattens s and cuts it to n runes.
+// jobsOneLine flattens s, escapes its control characters (see
+// [printable]) and cuts it to n runes.
 func jobsOneLine(s string, n int) string {
-	s = strings.Join(strings.Fields(s), " ")
+	s = printable(strings.Join(strings.Fields(s), " "))
 	if r := []rune(s); len(r) > n {
 		return string(r[:n-1]) + "…"
 	}
