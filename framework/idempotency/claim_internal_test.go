@@ -54,3 +54,31 @@ func TestReclaimRunTwiceByItsOwnerIsReclaimed(t *testing.T) {
 		require.NotEmpty(t, res[2], "the span since the first claim")
 	}
 }
+
+// A renewal of an owner that released a reclaimed key, reaching Redis after
+// the release, does not take the key back (the record is kept for the
+// next reclaim, see releaseScript).
+func TestRenewalAfterReleaseOfAReclaimedKey(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	s, err := New(rdb, &Config{Prefix: "kumiko-test:idem:" + newOwner()[:12]})
+	require.NoError(t, err)
+	key := s.redisKey(Scope{TenantID: "acme", UserID: "alice", Key: "renew-released"})
+	t.Cleanup(func() { _ = rdb.Del(t.Context(), key).Err() })
+	dead, owner := newOwner(), newOwner()
+	claim := func(o string) []any {
+		res, err := s.cmd.Run(t.Context(), claimScript, []string{key}, o, "fp", s.lease.Milliseconds(), s.ttl.Milliseconds()).Slice()
+		require.NoError(t, err)
+		return res
+	}
+	require.Equal(t, "claimed", claim(dead)[0])
+	require.NoError(t, rdb.HSet(t.Context(), key, "lease", 0).Err()) // its lease ran out
+	require.Equal(t, "reclaimed", claim(owner)[0])
+	ok, err := s.cmd.Run(t.Context(), releaseScript, []string{key}, owner).Int()
+	require.NoError(t, err)
+	require.Equal(t, 1, ok)
+	ok, err = s.cmd.Run(t.Context(), renewScript, []string{key}, owner, s.lease.Milliseconds()).Int()
+	require.NoError(t, err)
+	require.Zero(t, ok, "the releaser renewed the released key")
+	require.Equal(t, "reclaimed", claim(newOwner())[0], "the next request reclaims at once")
+}

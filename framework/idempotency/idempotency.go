@@ -273,11 +273,20 @@ for i, key in ipairs(KEYS) do
 end
 return out`)
 
-// releaseScript: KEYS[1] record; ARGV owner.
+// releaseScript: KEYS[1] record; ARGV owner. A fresh claim is deleted. A
+// reclaimed one (it has 'prev') keeps its record with the lease run out,
+// so that the next request reclaims it at once and still checks for the
+// dead owner's writes (a fresh claim would skip that check; 'since' keeps
+// the span to search); the owner becomes 'released:<owner>', so that a
+// renewal of the releaser still on its way does not take the key back.
 var releaseScript = redisauto.NewScript(`
-local r = redis.call('HMGET', KEYS[1], 'state', 'owner')
+local r = redis.call('HMGET', KEYS[1], 'state', 'owner', 'prev')
 if r[1] ~= 'pending' or r[2] ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1])
+if r[3] then
+  redis.call('HSET', KEYS[1], 'owner', 'released:' .. ARGV[1], 'lease', 0)
+else
+  redis.call('DEL', KEYS[1])
+end
 return 1`)
 
 // Begin claims sc's key for a request with fingerprint fp, or returns the
@@ -353,7 +362,8 @@ func (s *Store) Begin(ctx context.Context, sc Scope, fp string) (*Claim, *Respon
 
 // releaseLate returns what to do with a claim answered after Begin stopped
 // waiting for it: release the key, if the claim took it, so that the
-// client's retry runs at once instead of after the lease.
+// client's retry runs at once instead of after the lease (a reclaim is
+// released so that the retry reclaims it, see releaseScript).
 func (s *Store) releaseLate(key, owner string) func(*redis.Cmd) {
 	return func(cmd *redis.Cmd) {
 		res, err := cmd.Slice()
@@ -631,6 +641,9 @@ func (s *Store) Close(ctx context.Context) error {
 
 // Release gives the key up without a result (the request did not run, or
 // failed in a way a retry may fix), so that the next request with it runs.
+// A claim taken over from a dead owner is released as a run-out lease: the
+// next request reclaims the key at once, with the dead owner as its
+// [Claim.PreviousOwner], so that it checks for that owner's writes again.
 // It returns [ErrNotOwner] when the claim was taken over meanwhile.
 func (c *Claim) Release(ctx context.Context) error {
 	c.stopRenewal()

@@ -587,3 +587,63 @@ func TestReclaimOfAReclaimedKeyCoversTheFirstOwner(t *testing.T) {
 	require.LessOrEqual(t, c.PreviousSince(), time.Since(first)+50*time.Millisecond)
 	require.NoError(t, c.Finish(ctx, response("third")))
 }
+
+// A reclaim that Redis answers after Begin gave up (the call timeout, or
+// the client went away) is released, but the key must still name a dead
+// owner: the released claim never ran the check for the dead owner's
+// writes, and a plain fresh claim for the retry would skip it too, running
+// a write the dead owner may have committed a second time.
+func TestLateReclaimKeepsTheDeadOwner(t *testing.T) {
+	t.Parallel()
+	s, srv := hangingRedis(t, idempotency.Config{Lease: 600 * time.Millisecond, WaitTimeout: 300 * time.Millisecond})
+	ctx := t.Context()
+	dead, _, err := s.Begin(ctx, scope("late-reclaim"), "fp")
+	require.NoError(t, err)
+	dead.Abandon()
+	time.Sleep(700 * time.Millisecond) // its lease ran out
+
+	srv.Freeze()
+	_, _, err = s.Begin(ctx, scope("late-reclaim"), "fp")
+	require.ErrorIs(t, err, idempotency.ErrUnavailable)
+	srv.Thaw()
+
+	var retry *idempotency.Claim
+	require.Eventually(t, func() bool {
+		claim, replay, err := s.Begin(ctx, scope("late-reclaim"), "fp")
+		if err != nil {
+			return false // in progress: the late reclaim is not released yet
+		}
+		require.Nil(t, replay)
+		retry = claim
+		return true
+	}, 10*time.Second, 50*time.Millisecond, "the late reclaim holds the key")
+	require.NotEmpty(t, retry.PreviousOwner(), "the retry claimed the key fresh: the dead owner's check is skipped")
+	require.Positive(t, retry.PreviousSince(), "the span since the dead owner's claim is lost")
+	require.NoError(t, retry.Finish(ctx, response("retried")))
+}
+
+// A release of a reclaimed claim leaves the key for the next request to
+// reclaim at once, and a renewal of the releaser that reaches Redis after
+// the release does not take the key back for a lease.
+func TestReleaseOfAReclaimedKey(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Shared(t)
+	s, _ := newStore(t, rdb, idempotency.Config{Lease: 300 * time.Millisecond, WaitTimeout: time.Second})
+	ctx := t.Context()
+	dead, _, err := s.Begin(ctx, scope("release-reclaimed"), "fp")
+	require.NoError(t, err)
+	dead.Abandon()
+	reclaimed, _, err := s.Begin(ctx, scope("release-reclaimed"), "fp")
+	require.NoError(t, err)
+	require.Equal(t, dead.Owner(), reclaimed.PreviousOwner())
+	since := reclaimed.PreviousSince()
+	require.NoError(t, reclaimed.Release(ctx))
+	require.ErrorIs(t, reclaimed.Release(ctx), idempotency.ErrNotOwner, "released once")
+
+	next, replay, err := s.Begin(ctx, scope("release-reclaimed"), "fp")
+	require.NoError(t, err, "the released key is claimable at once")
+	require.Nil(t, replay)
+	require.NotEmpty(t, next.PreviousOwner())
+	require.GreaterOrEqual(t, next.PreviousSince(), since)
+	require.NoError(t, next.Finish(ctx, response("next")))
+}
