@@ -10,7 +10,9 @@ import (
 	"log/slog"
 	"net/http"
 	"runtime/debug"
+	"strings"
 	"time"
+	"unicode"
 
 	"github.com/labstack/echo/v4"
 
@@ -210,7 +212,10 @@ func fingerprint(route string, kb keyedBody) (string, error) {
 }
 
 // canonicalJSON re-encodes a JSON value with sorted object keys; numbers
-// keep their literal text. An absent payload is "null".
+// keep their literal text. An absent payload is "null". A value with an
+// object whose keys differ only in case is compacted instead, keeping its
+// key order: the handler's decoder matches keys case-insensitively (the
+// last one wins), so that order is part of the request.
 func canonicalJSON(raw json.RawMessage) ([]byte, error) {
 	if len(bytes.TrimSpace(raw)) == 0 {
 		return []byte("null"), nil
@@ -221,7 +226,53 @@ func canonicalJSON(raw json.RawMessage) ([]byte, error) {
 	if err := dec.Decode(&v); err != nil {
 		return nil, err
 	}
+	if hasCaseVariantKeys(v) {
+		var b bytes.Buffer
+		if err := json.Compact(&b, raw); err != nil {
+			return nil, err
+		}
+		return b.Bytes(), nil
+	}
 	return json.Marshal(v)
+}
+
+// hasCaseVariantKeys reports whether an object in v has two keys that
+// encoding/json takes for the same field (equal under Unicode case
+// folding).
+func hasCaseVariantKeys(v any) bool {
+	switch v := v.(type) {
+	case map[string]any:
+		seen := make(map[string]bool, len(v))
+		for k, e := range v {
+			f := foldKey(k)
+			if seen[f] || hasCaseVariantKeys(e) {
+				return true
+			}
+			seen[f] = true
+		}
+	case []any:
+		for _, e := range v {
+			if hasCaseVariantKeys(e) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// foldKey maps k to one representative of the strings equal to it under
+// simple Unicode case folding (strings.EqualFold): each rune becomes the
+// smallest rune of its folding orbit.
+func foldKey(k string) string {
+	var b strings.Builder
+	for _, r := range k {
+		low := r
+		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+			low = min(low, f)
+		}
+		b.WriteRune(low)
+	}
+	return b.String()
 }
 
 // replay answers with a stored response.

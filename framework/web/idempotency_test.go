@@ -506,3 +506,22 @@ func newPool(t *testing.T, url string) (*pgxpool.Pool, error) {
 	t.Cleanup(p.Close)
 	return p, nil
 }
+
+// Object keys that differ only in case are one field to the handler's
+// decoder (the last one wins), so their order decides what runs: two
+// payloads that differ only in that order are different requests, not a
+// retry with the keys reordered. Semantically equal forms still replay.
+func TestFingerprintKeepsTheOrderOfCaseVariantKeys(t *testing.T) {
+	t.Parallel()
+	b := setupIdem(t, idemOptions{})
+	tok := b.tokenFor(t, "acme", "alice")
+	key := "fold-" + randHex(8)
+	first := b.keyed(t, "/api/write", tok, key, `{"type":"idem-test:write:block","payload":{"note":"a","Note":"b"}}`)
+	require.Equal(t, http.StatusOK, first.status, "%s", first.body)
+	require.Contains(t, string(first.body), `"note":"b"`)
+	requireReplayOf(t, first, b.keyed(t, "/api/write", tok, key, `{"type": "idem-test:write:block", "payload": {"note": "a", "Note": "b"}}`))
+
+	other := b.keyed(t, "/api/write", tok, key, `{"type":"idem-test:write:block","payload":{"Note":"b","note":"a"}}`)
+	other.requireError(t, http.StatusUnprocessableEntity, "idempotency_key_reused")
+	require.EqualValues(t, 1, b.calls.Load())
+}
