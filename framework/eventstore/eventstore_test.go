@@ -344,14 +344,27 @@ func TestPositionDrawnAfterStreamLock(t *testing.T) {
 		_ = tx.Commit(ctx)
 		done <- out
 	}()
-	// Let B block on the row lock, while a third writer draws positions.
-	time.Sleep(100 * time.Millisecond)
-	appendTx(t, db.Pool, stream("other"), eventstore.NoStream, ev("x:event:n", 0))
+	// B blocks on the row lock, while a third writer draws a position.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var n int
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n))
+		if n > 0 {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "B never waits for the stream lock")
+		time.Sleep(5 * time.Millisecond)
+	}
+	other := appendTx(t, db.Pool, stream("other"), eventstore.NoStream, ev("x:event:n", 0))
 	require.NoError(t, txA.Commit(ctx))
 	b := <-done
 	require.NotNil(t, b)
 	require.EqualValues(t, 3, b[0].Version)
 	require.Greater(t, b[0].Position, a[0].Position)
+	// Any position B drew is above A's; only one drawn after the lock is
+	// above the one the third writer drew while B waited.
+	require.Greater(t, b[0].Position, other[0].Position, "B drew its position before the stream lock")
 	require.GreaterOrEqual(t, b[0].CommitKey, a[0].CommitKey)
 }
 
