@@ -173,7 +173,14 @@ func drained(t *testing.T, in *jobs.Inspector) {
 	// list was, is in none of them. Such a child is seen by a second look
 	// (or has finished by then), so the queues count as drained only when
 	// two looks in a row find them empty.
-	eventually(t, "queues drained", func() bool { return empty() && empty() })
+	eventually(t, "queues drained", func() bool {
+		for range 2 {
+			if !empty() {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 // insertRun records one run in the runs table inside the job's transaction.
