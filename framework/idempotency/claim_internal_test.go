@@ -1,10 +1,13 @@
 package idempotency
 
 import (
+	"context"
 	"testing"
 
-	"github.com/kumiko-go/kumiko/internal/redistest"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kumiko-go/kumiko/internal/redistest"
 )
 
 // A claim that runs twice for its owner (go-redis retries a command whose
@@ -34,17 +37,8 @@ func TestClaimRunTwiceByItsOwnerIsClaimed(t *testing.T) {
 // would let the caller skip its check for the dead owner's writes.
 func TestReclaimRunTwiceByItsOwnerIsReclaimed(t *testing.T) {
 	t.Parallel()
-	rdb := redistest.Shared(t)
-	s, err := New(rdb, &Config{Prefix: "kumiko-test:idem:" + newOwner()[:12]})
-	require.NoError(t, err)
-	key := s.redisKey(Scope{TenantID: "acme", UserID: "alice", Key: "reclaim-twice"})
-	t.Cleanup(func() { _ = rdb.Del(t.Context(), key).Err() })
+	rdb, _, key, claim := scriptKey(t, "reclaim-twice")
 	dead, owner := newOwner(), newOwner()
-	claim := func(o string) []any {
-		res, err := s.cmd.Run(t.Context(), claimScript, []string{key}, o, "fp", s.lease.Milliseconds(), s.ttl.Milliseconds()).Slice()
-		require.NoError(t, err)
-		return res
-	}
 	require.Equal(t, "claimed", claim(dead)[0])
 	require.NoError(t, rdb.HSet(t.Context(), key, "lease", 0).Err()) // its lease ran out
 	for range 2 {
@@ -60,17 +54,8 @@ func TestReclaimRunTwiceByItsOwnerIsReclaimed(t *testing.T) {
 // next reclaim, see releaseScript).
 func TestRenewalAfterReleaseOfAReclaimedKey(t *testing.T) {
 	t.Parallel()
-	rdb := redistest.Shared(t)
-	s, err := New(rdb, &Config{Prefix: "kumiko-test:idem:" + newOwner()[:12]})
-	require.NoError(t, err)
-	key := s.redisKey(Scope{TenantID: "acme", UserID: "alice", Key: "renew-released"})
-	t.Cleanup(func() { _ = rdb.Del(t.Context(), key).Err() })
+	rdb, s, key, claim := scriptKey(t, "renew-released")
 	dead, owner := newOwner(), newOwner()
-	claim := func(o string) []any {
-		res, err := s.cmd.Run(t.Context(), claimScript, []string{key}, o, "fp", s.lease.Milliseconds(), s.ttl.Milliseconds()).Slice()
-		require.NoError(t, err)
-		return res
-	}
 	require.Equal(t, "claimed", claim(dead)[0])
 	require.NoError(t, rdb.HSet(t.Context(), key, "lease", 0).Err()) // its lease ran out
 	require.Equal(t, "reclaimed", claim(owner)[0])
@@ -81,4 +66,21 @@ func TestRenewalAfterReleaseOfAReclaimedKey(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, ok, "the releaser renewed the released key")
 	require.Equal(t, "reclaimed", claim(newOwner())[0], "the next request reclaims at once")
+}
+
+// scriptKey returns a store on the shared Redis, the record of its key
+// name (removed after the test) and a function that runs the claim script
+// on it for an owner.
+func scriptKey(t *testing.T, name string) (redis.UniversalClient, *Store, string, func(owner string) []any) {
+	t.Helper()
+	rdb := redistest.Shared(t)
+	s, err := New(rdb, &Config{Prefix: "kumiko-test:idem:" + newOwner()[:12]})
+	require.NoError(t, err)
+	key := s.redisKey(Scope{TenantID: "acme", UserID: "alice", Key: name})
+	t.Cleanup(func() { _ = rdb.Del(context.Background(), key).Err() })
+	return rdb, s, key, func(owner string) []any {
+		res, err := s.cmd.Run(t.Context(), claimScript, []string{key}, owner, "fp", s.lease.Milliseconds(), s.ttl.Milliseconds()).Slice()
+		require.NoError(t, err)
+		return res
+	}
 }
