@@ -20,7 +20,7 @@ func TestClaimRunTwiceByItsOwnerIsClaimed(t *testing.T) {
 	s, err := New(rdb, &Config{Prefix: "kumiko-test:idem:" + newOwner()[:12]})
 	require.NoError(t, err)
 	key := s.redisKey(Scope{TenantID: "acme", UserID: "alice", Key: "twice"})
-	t.Cleanup(func() { _ = rdb.Del(t.Context(), key).Err() })
+	t.Cleanup(func() { _ = rdb.Del(context.Background(), key).Err() })
 	owner := newOwner()
 	for range 2 {
 		res, err := s.cmd.Run(t.Context(), claimScript, []string{key}, owner, "fp", s.lease.Milliseconds(), s.ttl.Milliseconds()).Slice()
