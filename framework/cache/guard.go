@@ -41,10 +41,10 @@ type Guard struct {
 	c        *Cache
 	pool     *pgxpool.Pool
 	interval time.Duration
-	// checked is set by the first read of the row (Run's goroutine only):
-	// the hold the guard starts with is logged only when that read keeps
-	// it, its release not at all.
-	checked bool
+	// checked is set by the first read of the row; warned while a hold
+	// has been logged as a warning (Run's goroutine only). The hold the
+	// guard starts with is not: its release is no news.
+	checked, warned bool
 }
 
 // Guard returns a guard of c that reads the invalidation consumer's state
@@ -63,20 +63,23 @@ func (c *Cache) Guard(pool *pgxpool.Pool, interval time.Duration) *Guard {
 // held up (see [Guard]).
 func (c *Cache) Held() bool { return c.held.Load() }
 
-// hold sets whether the cache is held, logging a change (and, with
-// first, a hold that did not change).
-func (c *Cache) hold(held bool, why string, first bool) {
-	if c.held.Swap(held) == held && !(first && held) {
-		return
-	}
-	if held {
+// hold holds or releases the cache: a hold is logged once (with why), a
+// release only after a logged hold.
+func (g *Guard) hold(held bool, why string) {
+	c := g.c
+	c.held.Store(held)
+	switch {
+	case held && !g.warned:
+		g.warned = true
 		c.m.heldGauge.Set(1)
 		c.log.Warn("cache held: reads go to the database until the invalidations catch up", "reason", why)
-		return
-	}
-	c.m.heldGauge.Set(0)
-	if !first {
+	case held:
+	case g.warned:
+		g.warned = false
+		c.m.heldGauge.Set(0)
 		c.log.Info("cache released: the invalidations caught up")
+	default:
+		c.m.heldGauge.Set(0)
 	}
 }
 
@@ -105,25 +108,24 @@ func (g *Guard) check(ctx context.Context) {
 		lastErr string
 	)
 	err := g.pool.QueryRow(ctx, guardSQL, ConsumerName, dispatcher.SharedInstance).Scan(&status, &failing, &lastErr)
-	first := !g.checked
 	switch {
-	case errors.Is(err, pgx.ErrNoRows) && first:
+	case errors.Is(err, pgx.ErrNoRows) && !g.checked:
 		// At boot the dispatcher of this process may not have registered
 		// it yet: no warning for that.
 		g.c.log.Info("cache held until a worker has registered the invalidation consumer")
 	case errors.Is(err, pgx.ErrNoRows):
-		g.c.hold(true, "the invalidation consumer is not registered: no worker has run it", false)
+		g.hold(true, "the invalidation consumer is not registered: no worker has run it")
 	case err != nil:
 		if !errors.Is(ctx.Err(), context.Canceled) { // not at shutdown
 			g.c.log.Warn("cache guard: read the invalidation consumer's state", "error", err)
 		}
 		return
 	case status == string(dispatcher.StateDisabled) || status == string(dispatcher.StateDead):
-		g.c.hold(true, fmt.Sprintf("the invalidation consumer is %s", status), first)
+		g.hold(true, fmt.Sprintf("the invalidation consumer is %s", status))
 	case failing:
-		g.c.hold(true, "an invalidation failed and waits for its retry: "+lastErr, first)
+		g.hold(true, "an invalidation failed and waits for its retry: "+lastErr)
 	default:
-		g.c.hold(false, "", first)
+		g.hold(false, "")
 	}
 	g.checked = true
 }
