@@ -156,17 +156,27 @@ func (m *evMeter) measure(fn func() (int64, error)) (evSample, error) {
 }
 
 // evRun runs op from workers goroutines for d and returns the number of
-// operations. The first error stops the run and is returned.
+// operations. The first error stops the run and is returned, also when the
+// operation failing was in flight as the time ran out.
 func evRun(ctx context.Context, workers int, d time.Duration, op func(ctx context.Context, worker int) error) (int64, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var (
 		ops      atomic.Int64
-		errOnce  sync.Once
+		stopOnce sync.Once
+		errMu    sync.Mutex
 		firstErr error
 		wg       sync.WaitGroup
 	)
 	stop := make(chan struct{})
+	fail := func(err error) {
+		errMu.Lock()
+		if firstErr == nil {
+			firstErr = err
+		}
+		errMu.Unlock()
+		stopOnce.Do(func() { close(stop) })
+	}
 	for w := range workers {
 		wg.Go(func() {
 			for {
@@ -176,7 +186,7 @@ func evRun(ctx context.Context, workers int, d time.Duration, op func(ctx contex
 				default:
 				}
 				if err := op(ctx, w); err != nil {
-					errOnce.Do(func() { firstErr = err; close(stop) })
+					fail(err)
 					return
 				}
 				ops.Add(1)
@@ -186,11 +196,11 @@ func evRun(ctx context.Context, workers int, d time.Duration, op func(ctx contex
 	timer := time.NewTimer(d)
 	select {
 	case <-timer.C:
-		errOnce.Do(func() { close(stop) })
+		stopOnce.Do(func() { close(stop) })
 	case <-stop:
 		timer.Stop()
 	case <-ctx.Done():
-		errOnce.Do(func() { firstErr = ctx.Err(); close(stop) })
+		fail(ctx.Err())
 	}
 	wg.Wait()
 	return ops.Load(), firstErr
