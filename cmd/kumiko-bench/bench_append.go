@@ -154,10 +154,15 @@ func benchAppend(ctx context.Context, env *Env) ([]Result, error) {
 		sliceDur, n = 400*time.Millisecond, 2
 	}
 	ops := []func(context.Context, int) error{fw, base, sameSQL}
-	for _, op := range ops { // warm up: connections, plans, caches
-		if _, err := evRun(ctx, appendWorkers, sliceDur, op); err != nil {
+	// Operations counted, each one row and one event.
+	var written int64
+	// Warm up: connections, plans, caches.
+	for _, op := range ops {
+		k, err := evRun(ctx, appendWorkers, sliceDur, op)
+		if err != nil {
 			return nil, fmt.Errorf("warm-up: %w", err)
 		}
+		written += k
 	}
 	side := func(name string, op func(context.Context, int) error) evSide {
 		return evSide{name: name, run: func() (int64, error) { return evRun(ctx, appendWorkers, sliceDur, op) }}
@@ -167,6 +172,12 @@ func benchAppend(ctx context.Context, env *Env) ([]Result, error) {
 		side("baseline: raw pgx BEGIN; 2 INSERTs; COMMIT", base),
 		side("(raw pgx sending the framework's SQL)", sameSQL))
 	if err != nil {
+		return nil, err
+	}
+	for _, t := range totals {
+		written += t.ops
+	}
+	if err := evVerifyWrites(ctx, pool, "bench_items", written); err != nil {
 		return nil, err
 	}
 	const baseline = "raw pgx BEGIN; 2 INSERTs; COMMIT"

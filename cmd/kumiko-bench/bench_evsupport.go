@@ -206,6 +206,20 @@ func evRun(ctx context.Context, workers int, d time.Duration, op func(ctx contex
 	return ops.Load(), firstErr
 }
 
+// evVerifyWrites checks that the database holds exactly ops rows in table
+// and ops events: every operation counted wrote one row and one event, so
+// a side answering without writing cannot pass for a fast one.
+func evVerifyWrites(ctx context.Context, pool *pgxpool.Pool, table string, ops int64) error {
+	var rows, events int64
+	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+table+`), (SELECT count(*) FROM events)`).Scan(&rows, &events); err != nil {
+		return err
+	}
+	if rows != ops || events != ops {
+		return fmt.Errorf("%d operations counted, but %d rows in %s and %d events written", ops, rows, table, events)
+	}
+	return nil
+}
+
 // evSide is one contender of a comparison.
 type evSide struct {
 	// name labels the side in the progress output.

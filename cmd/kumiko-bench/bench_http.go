@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -182,10 +181,13 @@ func benchHTTPWrite(ctx context.Context, env *Env) ([]Result, error) {
 		sliceDur, n = 400*time.Millisecond, 2
 	}
 	ops := []func(context.Context, int) error{fw, base, rawHTTP, rawSQLHTTP}
+	var written int64 // operations counted, each one row and one event
 	for _, op := range ops {
-		if _, err := evRun(ctx, httpWorkers, sliceDur, op); err != nil {
+		k, err := evRun(ctx, httpWorkers, sliceDur, op)
+		if err != nil {
 			return nil, fmt.Errorf("warm-up: %w", err)
 		}
+		written += k
 	}
 	side := func(name string, op func(context.Context, int) error) evSide {
 		return evSide{name: name, run: func() (int64, error) { return evRun(ctx, httpWorkers, sliceDur, op) }}
@@ -198,12 +200,11 @@ func benchHTTPWrite(ctx context.Context, env *Env) ([]Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	var events int64
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM events`).Scan(&events); err != nil {
-		return nil, err
+	for _, t := range totals {
+		written += t.ops
 	}
-	if events == 0 {
-		return nil, errors.New("no events written")
+	if err := evVerifyWrites(ctx, pool, "orders", written); err != nil {
+		return nil, err
 	}
 	const baseline = "raw pgx BEGIN; 2 INSERTs; COMMIT"
 	return []Result{
