@@ -92,10 +92,18 @@ func jobsRedis() (rdb *redis.Client, stop func(), err error) {
 }
 
 // jobsPair measures both sides in rounds, alternating which goes first
-// (ABBA), and returns the medians of each side and of the per-round
-// ratios: the ratio of two runs close in time is what load on the machine
-// disturbs least.
+// (ABBA), after one unmeasured run of each, and returns the medians of
+// each side and of the per-round ratios: the ratio of two runs close in
+// time is what load on the machine disturbs least.
 func jobsPair(ctx context.Context, rounds int, baseline, framework func(ctx context.Context) (float64, error)) (fw, base, ratio float64, err error) {
+	// Warm up both sides (connections, Redis scripts, code paths) outside
+	// the rounds.
+	if _, err = baseline(ctx); err != nil {
+		return 0, 0, 0, fmt.Errorf("warm-up: %w", err)
+	}
+	if _, err = framework(ctx); err != nil {
+		return 0, 0, 0, fmt.Errorf("warm-up: %w", err)
+	}
 	var fws, bases, ratios []float64
 	for r := range rounds {
 		var f, b float64
