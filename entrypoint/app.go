@@ -360,6 +360,8 @@ var ErrDrainTimeout = errors.New("entrypoint: drain timeout exceeded")
 func (a *App) Run(ctx context.Context) error {
 	ln, err := net.Listen("tcp", a.httpSrv.Addr)
 	if err != nil {
+		// Nothing runs yet, but the pools and clients New opened do.
+		a.Close(context.Background())
 		return fmt.Errorf("entrypoint: listen %s: %w", a.httpSrv.Addr, err)
 	}
 	return a.Serve(ctx, ln)
