@@ -120,7 +120,8 @@ type Config struct {
 
 	// InstanceID identifies this process for per-instance consumer delivery,
 	// read from KUMIKO_INSTANCE_ID. When empty the framework picks a random
-	// UUID at start. [ReservedInstanceID] is refused. Defaults to "".
+	// one at start ("kumiko-" and 16 hex digits). [ReservedInstanceID] is
+	// refused. Defaults to "".
 	InstanceID string
 
 	// JWTKeys are the HS256 keys, read from JWT_SECRET (format in
