@@ -28,6 +28,16 @@ type tick struct {
 	Customer string `json:"customer"`
 }
 
+// backlogThenRegister appends n events of typ as a backlog, then registers
+// d's consumers, which start at the log's beginning.
+func backlogThenRegister(ctx context.Context, pool *pgxpool.Pool, d *dispatcher.Dispatcher, typ string, n int) error {
+	fmt.Fprintf(os.Stderr, "   filling a backlog of %d events\n", n)
+	if err := fillBacklog(ctx, pool, typ, n); err != nil {
+		return fmt.Errorf("backlog: %w", err)
+	}
+	return d.Register(ctx)
+}
+
 // fillBacklog appends n events of type typ in big multi-row appends
 // (1000 events per statement, spread over streams and four tenants), as
 // the system tenant, outside any measurement.
@@ -150,11 +160,7 @@ SELECT kumiko_enable_tenancy('bench_totals')`); err != nil {
 	if err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(os.Stderr, "   filling a backlog of %d events\n", n)
-	if err := fillBacklog(ctx, pool, ticked.Name(), n); err != nil {
-		return nil, fmt.Errorf("backlog: %w", err)
-	}
-	if err := d.Register(ctx); err != nil {
+	if err := backlogThenRegister(ctx, pool, d, ticked.Name(), n); err != nil {
 		return nil, err
 	}
 	// Warm up both (caches, plans) on the first part of the log.

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 	"sync"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -62,11 +61,7 @@ ON CONFLICT (tenant_id, customer) DO UPDATE SET events = t.events + 1, last_n = 
 	if err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(os.Stderr, "   filling a backlog of %d events\n", n)
-	if err := fillBacklog(ctx, pool, ticked.Name(), n); err != nil {
-		return nil, fmt.Errorf("backlog: %w", err)
-	}
-	if err := d.Register(ctx); err != nil {
+	if err := backlogThenRegister(ctx, pool, d, ticked.Name(), n); err != nil {
 		return nil, err
 	}
 	one := func() (int64, error) {
