@@ -356,7 +356,10 @@ var ErrDrainTimeout = errors.New("entrypoint: drain timeout exceeded")
 // streams end cleanly, in-flight requests finish, the dispatcher finishes
 // its pass, the shutdown hooks run (in reverse order of registration) and
 // the pools close. It returns nil on a clean shutdown, ErrDrainTimeout when the drain
-// timeout fired, or the error that stopped the process.
+// timeout fired, or the error that stopped the process. When the drain
+// timeout fires, the connections of requests still running are closed (their
+// contexts end) and Run returns at once; the shutdown hooks run, and the pools
+// close, as soon as those requests have returned.
 func (a *App) Run(ctx context.Context) error {
 	ln, err := net.Listen("tcp", a.httpSrv.Addr)
 	if err != nil {
@@ -432,6 +435,12 @@ func (a *App) Serve(ctx context.Context, ln net.Listener) error {
 	case <-done:
 	case <-drainCtx.Done():
 		a.log.Error("drain timeout exceeded")
+		// Shutdown does not end the requests still running: cut their
+		// connections, which ends their contexts, so that they return
+		// their database connections and the drain above goes on to the
+		// shutdown hooks instead of leaving them (and the pools) open for
+		// as long as such a request runs.
+		_ = a.httpSrv.Close()
 		a.state.Store(StateStopped)
 		return ErrDrainTimeout
 	}

@@ -1,0 +1,58 @@
+package entrypoint_test
+
+import (
+	"context"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/labstack/echo/v4"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kumiko-go/kumiko/entrypoint"
+	"github.com/kumiko-go/kumiko/features"
+	"github.com/kumiko-go/kumiko/framework/jobs/jobstest"
+	"github.com/kumiko-go/kumiko/framework/kumikotest"
+	"github.com/kumiko-go/kumiko/framework/web"
+)
+
+// TestDrainTimeoutCutsStalledRequests: when the drain timeout fires, Serve
+// cuts the connections of the requests still running, so their contexts
+// end and they give their database connections back, and the shutdown
+// hooks (which close the pools) run; before, such a request ran on
+// unbounded after Serve returned ErrDrainTimeout, with the pools open.
+func TestDrainTimeoutCutsStalledRequests(t *testing.T) {
+	t.Parallel()
+	db := kumikotest.NewDB(t)
+	rds := jobstest.StartRedis(t)
+	cfg := newConfig(t, map[string]string{"APP_MODE": "api", "DATABASE_URL": db.URL, "REDIS_URL": rds.URL,
+		"KUMIKO_DRAIN_TIMEOUT_MS": "300"})
+	entered, ended := make(chan struct{}), make(chan struct{})
+	s := serve(t, entrypoint.Options{Config: cfg, Register: features.Register, InstanceID: "drain-cut",
+		Routes: func(ws *web.Server) {
+			ws.Echo().GET("/stall", func(c echo.Context) error {
+				close(entered)
+				<-c.Request().Context().Done()
+				close(ended)
+				return nil
+			})
+		}})
+	waitServedReady(t, s)
+	hooksRan := make(chan struct{})
+	s.app.OnShutdown(func(context.Context) error { close(hooksRan); return nil })
+	go func() {
+		req, _ := http.NewRequestWithContext(context.Background(), http.MethodGet, s.url+"/stall", nil)
+		if resp, err := httpClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	<-entered
+	require.ErrorIs(t, s.stop(t), entrypoint.ErrDrainTimeout)
+	for _, ch := range []chan struct{}{ended, hooksRan} {
+		select {
+		case <-ch:
+		case <-time.After(5 * time.Second):
+			t.Fatal("the stalled request still runs (or the hooks did not run) after the drain timeout")
+		}
+	}
+}
