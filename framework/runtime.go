@@ -232,8 +232,17 @@ func (rt *Runtime) write(ctx context.Context, call Call, cmds []Command, withTok
 	}
 	results := make([]any, len(cmds))
 	var afters []func(context.Context)
+	var wtx *Tx
+	// The commands' appends stay buffered (unless a command needs them
+	// written: inline projections, PostSave, a read) and are written
+	// together, in stream order, with the COMMIT: batches appending to the
+	// same streams in different command orders then lock them in one order
+	// and cannot deadlock. Each append remembers its command, so a failed
+	// append (a version conflict) is still attributed to it.
 	_, err := rt.inTx(ctx, call.Principal.TenantID, call.Principal, call.metadata(), token, func(ctx context.Context, tx *Tx) error {
+		wtx = tx
 		for i, c := range cmds {
+			tx.cmd = i
 			out, after, err := defs[i].run(ctx, tx, c.Payload)
 			if err == nil && (defs[i].post != nil || tx.needsFlush()) {
 				// Writes the events and runs their inline projections.
@@ -242,12 +251,11 @@ func (rt *Runtime) write(ctx context.Context, call Call, cmds []Command, withTok
 					err = defs[i].post(ctx, tx, c.Payload, out)
 				}
 			}
-			if err == nil && len(cmds) > 1 {
-				// Write this command's appends now, so that a version
-				// conflict is attributed to it.
-				_, err = tx.Flush(ctx)
-			}
 			if err != nil {
+				if j, ok := tx.failedCommand(); ok {
+					// An earlier command's buffered append, written now.
+					i = j
+				}
 				return rt.batchErr(len(cmds), i, err)
 			}
 			results[i] = out
@@ -258,6 +266,12 @@ func (rt *Runtime) write(ctx context.Context, call Call, cmds []Command, withTok
 		return nil
 	})
 	if err != nil {
+		if _, ok := errors.AsType[*BatchError](err); !ok && len(cmds) > 1 && wtx != nil {
+			if j, ok := wtx.failedCommand(); ok {
+				// An append written with the COMMIT failed.
+				err = &BatchError{Index: j, Err: err}
+			}
+		}
 		return nil, "", err
 	}
 	for _, a := range afters {

@@ -75,12 +75,20 @@ type Tx struct {
 	written int
 	// done is set when the transaction ended (see [Tx.end]).
 	done bool
+	// cmd is the index of the batch command running now; appends carry it,
+	// so that a failed append is attributed to the command that made it.
+	cmd int
+	// failedCmd is 1 + the command index of the append that failed last (0:
+	// none failed).
+	failedCmd int
 }
 
 type pendingAppend struct {
 	stream   eventstore.StreamRef
 	expected int64
 	events   []eventstore.NewEvent
+	// cmd is the batch command that appended (see Tx.cmd).
+	cmd int
 }
 
 // newTx wraps an open, already scoped transaction.
@@ -198,7 +206,7 @@ func (t *Tx) Append(stream Stream, expectedVersion int64, events ...PendingEvent
 		out = append(out, eventstore.NewEvent{Type: e.def.qualified, TypeVersion: e.def.version, Payload: b, Metadata: t.meta})
 	}
 	ref := eventstore.StreamRef{TenantID: t.tenant, Type: stream.Type, ID: stream.ID}
-	t.pending = append(t.pending, pendingAppend{stream: ref, expected: expectedVersion, events: out})
+	t.pending = append(t.pending, pendingAppend{stream: ref, expected: expectedVersion, events: out, cmd: t.cmd})
 	return nil
 }
 
@@ -214,6 +222,7 @@ func (t *Tx) queueFlush(b *pgx.Batch) error {
 	for _, p := range pend {
 		err := eventstore.QueueAppend(b, p.stream, p.expected, p.events, func(res []eventstore.Appended, err error) error {
 			if err != nil {
+				t.failedCmd = p.cmd + 1
 				return err
 			}
 			for i, a := range res {
@@ -308,6 +317,10 @@ func (t *Tx) needsFlush() bool {
 	}
 	return false
 }
+
+// failedCommand returns the batch command whose append failed (see
+// Tx.cmd), if one did.
+func (t *Tx) failedCommand() (int, bool) { return t.failedCmd - 1, t.failedCmd > 0 }
 
 // streamRef qualifies a stream with the transaction's tenant.
 func (t *Tx) streamRef(s Stream) eventstore.StreamRef {
