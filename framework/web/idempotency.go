@@ -14,6 +14,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/labstack/echo/v4"
 
 	"github.com/kumiko-go/kumiko/framework"
@@ -64,8 +65,9 @@ type keyedBody struct {
 // claimed, the request runs to the end even when the client goes away, so
 // that its retry finds the outcome. The response is stored in the
 // background while the client gets it ([idempotency.Claim.FinishAsync]);
-// a duplicate arriving meanwhile waits for it. A 503 (nothing committed) is
-// not stored: the claim is released for a retry.
+// a duplicate arriving meanwhile waits for it. A 503 and the 409 of a
+// deadlock or serialization failure (nothing committed) are not stored: the
+// claim is released for a retry.
 func (s *Server) idempotent(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		if s.idem == nil {
@@ -327,9 +329,11 @@ func (s *Server) runClaimed(c echo.Context, next echo.HandlerFunc, claim *idempo
 	if !res.Committed {
 		status = http.StatusOK
 	}
-	if status == http.StatusServiceUnavailable {
-		// Nothing committed (the database or a dependency was down): a
-		// retry with the same key should run, not replay the 503.
+	if status == http.StatusServiceUnavailable || transientConflict(herr) {
+		// Nothing committed (the database or a dependency was down, or
+		// Postgres rolled the transaction back as a deadlock victim or on
+		// a serialization failure, answered "retry"): a retry with the same
+		// key should run, not replay the failure.
 		s.releaseClaim(c, claim, key)
 	} else {
 		stored := http.Header{}
@@ -357,6 +361,14 @@ func (s *Server) runClaimed(c echo.Context, next echo.HandlerFunc, claim *idempo
 	// stored response.
 	_, _ = orig.Write(rec.body.Bytes())
 	return nil
+}
+
+// transientConflict reports whether err is a deadlock or a serialization
+// failure of Postgres: the transaction was rolled back, and the same
+// request may well succeed when retried.
+func transientConflict(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
 }
 
 func (s *Server) releaseClaim(c echo.Context, claim *idempotency.Claim, key string) {

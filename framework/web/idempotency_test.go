@@ -94,6 +94,16 @@ func setupIdem(t *testing.T, o idemOptions) *idemBundle {
 		calls.Add(1)
 		panic("handler exploded")
 	}, nil)
+	// deadlock-once fails its first run with Postgres's deadlock error
+	// (what the victim of a real deadlock gets), and appends afterwards.
+	framework.Write(f, "deadlock-once", func(ctx context.Context, tx *framework.Tx, in idemPayload) (map[string]string, error) {
+		if calls.Add(1) == 1 {
+			if _, err := tx.Exec(ctx, `DO $$ BEGIN RAISE EXCEPTION 'deadlock detected' USING ERRCODE = '40P01'; END $$`); err != nil {
+				return nil, err
+			}
+		}
+		return map[string]string{"note": in.Note}, tx.Append(framework.Stream{Type: "note", ID: randHex(8)}, framework.NoStream, noted.With(in))
+	}, nil)
 	rt, err := framework.NewRuntime(reg, o.db.Pool, nil)
 	require.NoError(t, err)
 	keys, err := auth.NewKeyring([]auth.Key{{ID: "k1", Secret: secret}})
@@ -338,6 +348,36 @@ func TestUnavailableIsNotStored(t *testing.T) {
 	r.requireError(t, http.StatusServiceUnavailable, "unavailable")
 	require.Empty(t, r.header.Get(web.HeaderIdempotentReplayed))
 	require.EqualValues(t, 2, b.calls.Load(), "a retry after a 503 runs again")
+}
+
+// A write that lost a deadlock (or a serialization failure) committed
+// nothing and is answered 409 "retry": that answer is not stored, so the
+// retry with the same key runs instead of replaying the failure forever.
+func TestTransientConflictIsNotStored(t *testing.T) {
+	t.Parallel()
+	b := setupIdem(t, idemOptions{})
+	tok := b.tokenFor(t, "acme", "alice")
+	for _, path := range []string{"/api/write", "/api/batch"} {
+		b.calls.Store(0)
+		key := "deadlock-" + randHex(8)
+		cmd := map[string]any{"type": "idem-test:write:deadlock-once", "payload": map[string]any{"note": "n"}}
+		body := cmd
+		if path == "/api/batch" {
+			body = map[string]any{"commands": []any{place("Ada"), cmd}}
+		}
+		env := b.keyed(t, path, tok, key, body).requireError(t, http.StatusConflict, "conflict")
+		require.Contains(t, env.Error.Message, "retry")
+		r := b.keyed(t, path, tok, key, body)
+		require.Equal(t, http.StatusOK, r.status, "%s: body: %s", path, r.body)
+		require.Empty(t, r.header.Get(web.HeaderIdempotentReplayed), path)
+		require.EqualValues(t, 2, b.calls.Load(), "%s: the retry ran again", path)
+		// The retry's answer is stored like any other.
+		r = b.keyed(t, path, tok, key, body)
+		require.Equal(t, http.StatusOK, r.status, path)
+		require.Equal(t, "true", r.header.Get(web.HeaderIdempotentReplayed), path)
+		require.EqualValues(t, 2, b.calls.Load(), path)
+	}
+	require.Equal(t, 3, b.count(t, "events"))
 }
 
 func TestInvalidIdempotencyKey(t *testing.T) {
