@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/labstack/echo/v4"
 	"github.com/stretchr/testify/require"
 
@@ -45,7 +46,7 @@ func setup(t *testing.T) *bundle {
 	t.Helper()
 	db := kumikotest.NewDB(t)
 	reg := framework.NewRegistry()
-	orders.Register(reg)
+	o := orders.Register(reg)
 	f := reg.Feature("web-test")
 	framework.Write(f, "admin-only", func(_ context.Context, _ *framework.Tx, _ empty) (map[string]bool, error) {
 		return map[string]bool{"ok": true}, nil
@@ -55,6 +56,31 @@ func setup(t *testing.T) *bundle {
 	}, nil)
 	framework.Write(f, "panic", func(_ context.Context, _ *framework.Tx, _ empty) (any, error) {
 		panic("handler exploded")
+	}, nil)
+	// write-then-panic and write-then-fail insert an order row, append its
+	// event and flush it, then panic or fail.
+	writeThen := func(ctx context.Context, tx *framework.Tx, fail bool) (any, error) {
+		id := uuid.NewString()
+		if _, err := tx.Exec(ctx, `INSERT INTO orders (tenant_id, id, customer, amount_cents) VALUES ($1, $2, 'x', 1)`, tx.TenantID(), id); err != nil {
+			return nil, err
+		}
+		if err := tx.Append(framework.Stream{Type: orders.StreamType, ID: id}, framework.NoStream,
+			o.Placed.With(orders.Placed{OrderID: id, Customer: "x", AmountCents: 1})); err != nil {
+			return nil, err
+		}
+		if _, err := tx.Flush(ctx); err != nil {
+			return nil, err
+		}
+		if fail {
+			return nil, framework.Errorf(framework.CodeUnprocessable, "changed my mind")
+		}
+		panic("handler exploded after writing")
+	}
+	framework.Write(f, "write-then-panic", func(ctx context.Context, tx *framework.Tx, _ empty) (any, error) {
+		return writeThen(ctx, tx, false)
+	}, nil)
+	framework.Write(f, "write-then-fail", func(ctx context.Context, tx *framework.Tx, _ empty) (any, error) {
+		return writeThen(ctx, tx, true)
 	}, nil)
 	rt, err := framework.NewRuntime(reg, db.Pool, nil)
 	require.NoError(t, err)
