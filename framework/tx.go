@@ -364,6 +364,12 @@ func translatePg(err error) *Error {
 		return &Error{Code: CodeAccessDenied, Message: "access denied", Err: err}
 	case "23505": // unique_violation
 		return &Error{Code: CodeConflict, Message: "conflict: " + pgErr.ConstraintName + " already exists", Err: err}
+	case "23503": // foreign_key_violation: a reference to a row that does not exist (or one still referenced)
+		return &Error{Code: CodeConflict, Message: "conflict: violates " + pgErr.ConstraintName + " (a referenced row is missing or still referenced)", Err: err}
+	case "23514": // check_violation
+		return &Error{Code: CodeValidation, Message: "a value violates " + pgErr.ConstraintName, Err: err}
+	case "23502": // not_null_violation
+		return &Error{Code: CodeValidation, Message: "a value is required: " + pgErr.ColumnName, Err: err}
 	case "40001", "40P01": // serialization failure, deadlock
 		return &Error{Code: CodeConflict, Message: "conflict with a concurrent write, retry", Err: err}
 	case "22001": // string_data_right_truncation
