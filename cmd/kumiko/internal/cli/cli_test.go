@@ -121,3 +121,31 @@ func TestPruneRefusesAnEmptyTypes(t *testing.T) {
 		require.Contains(t, err.Error(), "--types names no event type", types)
 	}
 }
+
+// TestProjectionRebuildRefusesABatchSizeOutOfRange: `kumiko projection
+// rebuild --batch-size` takes 1 to 10,000 as the README says, and the
+// admin API refuses 0 and a batch size with abandon: the CLI refuses them
+// too, before it connects, instead of reading 0 as the default and
+// silently ignoring --batch-size next to --abandon.
+func TestProjectionRebuildRefusesABatchSizeOutOfRange(t *testing.T) {
+	t.Setenv("DATABASE_URL", "postgres://postgres@127.0.0.1:1/none") // never reached
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--batch-size", "0"}, "--batch-size 0 is not between 1 and 10000"},
+		{[]string{"--batch-size", "-1"}, "--batch-size -1 is not between 1 and 10000"},
+		{[]string{"--batch-size", "10001"}, "--batch-size 10001 is not between 1 and 10000"},
+		{[]string{"--batch-size", "5", "--abandon"}, "[abandon batch-size] were all set"},
+	} {
+		root := cli.Root(nil, nil)
+		var out bytes.Buffer
+		root.SetOut(&out)
+		root.SetErr(io.Discard)
+		root.SetArgs(append([]string{"projection", "rebuild", "orders:order-totals"}, tc.args...))
+		err := root.ExecuteContext(context.Background())
+		require.Error(t, err, tc.args)
+		require.Contains(t, err.Error(), tc.want, tc.args)
+		require.Empty(t, out.String(), tc.args)
+	}
+}

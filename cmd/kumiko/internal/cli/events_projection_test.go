@@ -283,7 +283,7 @@ func testProjectionRebuild(t *testing.T, bin string) {
 	// A batch size no pass can hold is a one-line refusal, not a panic.
 	out, code = f.run(t, "projection", "rebuild", "orders:order-totals", "--batch-size", "4611686018427387904")
 	require.Equal(t, 1, code, out)
-	require.Contains(t, out, "kumiko: rebuild: batch size 4611686018427387904 is above the maximum of 10000")
+	require.Contains(t, out, "kumiko: --batch-size 4611686018427387904 is not between 1 and 10000")
 	require.NotContains(t, out, "panic")
 	require.Zero(t, f.int(t, `SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'kumiko_rebuild%'`))
 }

@@ -39,6 +39,11 @@ NAME#rebuild behind; the next rebuild removes them and starts over, and
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			name := args[0]
+			// 0 is the flag's unset value, not a batch size: refused
+			// when given, as the admin API refuses batchSize 0.
+			if cmd.Flags().Changed("batch-size") && (batch < 1 || batch > rebuild.MaxBatchSize) {
+				return fmt.Errorf("--batch-size %d is not between 1 and %d", batch, rebuild.MaxBatchSize)
+			}
 			pool, cfg, err := toolPool(cmd.Context())
 			if err != nil {
 				return err
@@ -90,7 +95,9 @@ NAME#rebuild behind; the next rebuild removes them and starts over, and
 			return nil
 		},
 	}
-	cmd.Flags().IntVar(&batch, "batch-size", 0, "events per rebuild pass, at most 10000 (default: the projection's batch size, else 500)")
+	cmd.Flags().IntVar(&batch, "batch-size", 0, "events per rebuild pass, 1 to 10000 (default: the projection's batch size, else 500)")
 	cmd.Flags().BoolVar(&abandon, "abandon", false, "only remove what an interrupted rebuild left behind")
+	// --abandon rebuilds nothing, so a batch size beside it is a mistake.
+	cmd.MarkFlagsMutuallyExclusive("batch-size", "abandon")
 	return cmd
 }
