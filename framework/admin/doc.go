@@ -37,7 +37,9 @@
 // "consumers_behind" and the lagging consumers, another prune running a
 // 409 with reason "prune_running". A rebuild of an unknown projection is a
 // 404, of one that cannot be rebuilt a 409 with reason "not_rebuildable",
-// while another rebuild of it runs a 409 with reason "rebuild_running". A
+// while another rebuild of it runs a 409 with reason "rebuild_running", and
+// one whose handler kept failing on an event a 409 with reason
+// "event_failed" (with the event's position and the error). A
 // rebuild runs in the request; {"abandon": true} only removes the leftover
 // of an interrupted one. A client that disconnects cancels the rebuild,
 // which then removes what it built.

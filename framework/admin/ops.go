@@ -256,9 +256,16 @@ func (h *maintenance) rebuild(c echo.Context) error {
 	})
 }
 
-// rebuildError maps the rebuild's refusals to Kumiko's error codes; a
-// failure during the replay stays internal (logged with its cause).
+// rebuildError maps the rebuild's refusals, and a handler that kept
+// failing on an event of the replay (the operator's to fix, as the CLI
+// says), to Kumiko's error codes; any other failure during the replay
+// stays internal (logged with its cause).
 func rebuildError(err error, name string) error {
+	if ee, ok := errors.AsType[*rebuild.EventError](err); ok {
+		return &framework.Error{Code: framework.CodeConflict, Message: err.Error(),
+			Details: map[string]any{"projection": name, "reason": "event_failed", "position": ee.Position,
+				"attempts": ee.Attempts, "error": ee.LastError}, Err: err}
+	}
 	switch {
 	case errors.Is(err, rebuild.ErrUnknownProjection):
 		return &framework.Error{Code: framework.CodeNotFound, Message: err.Error(),

@@ -2,6 +2,7 @@ package admin_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -59,6 +60,9 @@ func setupOps(t *testing.T) *opsBundle {
 	framework.On(tally, b.counted, func(ctx context.Context, tx *framework.Tx, e framework.Event[tallied]) error {
 		if b.slow.Load() {
 			time.Sleep(20 * time.Millisecond)
+		}
+		if e.Payload.Key == "poison" {
+			return errors.New("tally: poison key")
 		}
 		_, err := tx.Exec(ctx, `INSERT INTO tally AS t (tenant_id, key, total) VALUES ($1, $2, $3)
 			ON CONFLICT (tenant_id, key) DO UPDATE SET total = t.total + EXCLUDED.total`, e.TenantID, e.Payload.Key, e.Payload.N)
@@ -395,6 +399,30 @@ func TestMaintenanceRebuild(t *testing.T) {
 	res = decode[rebuildJSON](t, b.do(t, http.MethodPost, path, tok, `{"abandon": true}`))
 	require.False(t, *res.Removed)
 	require.EqualValues(t, 15, b.int(t, `SELECT total FROM tally WHERE key = 'a'`), "abandon leaves the table")
+}
+
+// A rebuild whose handler fails on an event answers 409 conflict with the
+// failing event and its error (what the CLI prints), not an opaque 500
+// "internal error" that leaves the operator with the server log; the live
+// table stays and nothing is left behind.
+func TestMaintenanceRebuildOfAFailingHandler(t *testing.T) {
+	t.Parallel()
+	b := setupOps(t)
+	tok := b.token(t, "admin")
+	b.append(t, b.counted, "a", 2)
+	b.append(t, b.counted, "poison", 1)
+	pos := b.int(t, `SELECT position FROM events WHERE stream_id = 'poison'`)
+
+	e := b.do(t, http.MethodPost, "/api/admin/projections/ops:tally/rebuild", tok, "")
+	requireError(t, e, http.StatusConflict, "conflict")
+	want := fmt.Sprintf("rebuild: ops:tally failed at event %d after ", pos)
+	require.True(t, strings.HasPrefix(e.Error.Message, want), e.Error.Message)
+	require.Contains(t, e.Error.Message, "tally: poison key")
+	require.Equal(t, "ops:tally", e.Error.Details["projection"])
+	require.Equal(t, "event_failed", e.Error.Details["reason"])
+	require.EqualValues(t, pos, e.Error.Details["position"])
+	require.Contains(t, e.Error.Details["error"], "tally: poison key")
+	require.Zero(t, b.leftovers(t))
 }
 
 // A client that goes away cancels the rebuild, which removes what it built

@@ -625,13 +625,37 @@ func (r *run) state(ctx context.Context, db interface {
 	return st, nil
 }
 
-// failed turns a dead temporary consumer into the rebuild's error.
-func (r *run) failed(st consumerState) error {
+// EventError is returned when the projection's handler kept failing on an
+// event of the replay: the rebuild stopped, removed what it built and left
+// the live table as it was. Fix the handler (or the event's data) and
+// rebuild again.
+type EventError struct {
+	// Projection is the projection's name.
+	Projection string
+	// Position is the failing event's position (0 when not recorded).
+	Position int64
+	// Attempts counts the handler's failed attempts on it.
+	Attempts int
+	// LastError is the handler's last error.
+	LastError string
+}
+
+// Error names the projection, the event and the handler's error.
+func (e *EventError) Error() string {
 	at := "?"
-	if st.failedAt != nil {
-		at = fmt.Sprint(*st.failedAt)
+	if e.Position > 0 {
+		at = fmt.Sprint(e.Position)
 	}
-	return fmt.Errorf("rebuild: %s failed at event %s after %d attempts: %s", r.p.Name(), at, st.attempts, st.lastError)
+	return fmt.Sprintf("rebuild: %s failed at event %s after %d attempts: %s", e.Projection, at, e.Attempts, e.LastError)
+}
+
+// failed turns a dead temporary consumer into the rebuild's *EventError.
+func (r *run) failed(st consumerState) error {
+	e := &EventError{Projection: r.p.Name(), Attempts: st.attempts, LastError: st.lastError}
+	if st.failedAt != nil {
+		e.Position = *st.failedAt
+	}
+	return e
 }
 
 // catchUp runs passes of the temporary consumer until one comes back with
