@@ -122,7 +122,9 @@ type request struct {
 	token   string
 	body    any // string or []byte: sent as is; io.Reader: streamed (chunked); else JSON-encoded
 	headers map[string]string
-	cookie  string
+	// added holds headers sent in addition, each value as its own line.
+	added  http.Header
+	cookie string
 }
 
 func (b *bundle) do(t *testing.T, r request) response {
@@ -158,6 +160,11 @@ func (b *bundle) do(t *testing.T, r request) response {
 	}
 	for k, v := range r.headers {
 		req.Header.Set(k, v)
+	}
+	for k, vs := range r.added {
+		for _, v := range vs {
+			req.Header.Add(k, v)
+		}
 	}
 	res, err := b.client.Do(req)
 	require.NoError(t, err)

@@ -80,6 +80,12 @@ func (s *Server) idempotent(next echo.HandlerFunc) echo.HandlerFunc {
 		}
 		req.Body = io.NopCloser(bytes.NewReader(body))
 		req.ContentLength = int64(len(body))
+		if len(req.Header.Values(HeaderIdempotencyKey)) > 1 {
+			// Which one the client meant is unknown; running under either
+			// could replay another request's answer.
+			return &framework.Error{Code: framework.CodeBadRequest,
+				Message: "the request has more than one Idempotency-Key header; send one Idempotency-Key"}
+		}
 		header := req.Header.Get(HeaderIdempotencyKey)
 		var kb keyedBody
 		parsed := json.Unmarshal(body, &kb) == nil

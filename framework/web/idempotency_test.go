@@ -250,6 +250,12 @@ func TestIdempotencyKeyInBody(t *testing.T) {
 	env := b.keyed(t, "/api/write", tok, "other-"+randHex(4), withID).requireError(t, http.StatusBadRequest, "bad_request")
 	require.Contains(t, env.Error.Message, "differ")
 	b.requireRows(t, 1, 1)
+	// Two Idempotency-Key headers: 400, nothing runs (a proxy that
+	// merges them into "a, b" makes an invalid key, a 400 too).
+	env = b.do(t, request{path: "/api/write", token: tok, body: place("Grace"),
+		added: http.Header{web.HeaderIdempotencyKey: {key, "other-" + randHex(4)}}}).requireError(t, http.StatusBadRequest, "bad_request")
+	require.Contains(t, env.Error.Message, "one Idempotency-Key")
+	b.requireRows(t, 1, 1)
 	// A huge requestId is not echoed whole.
 	huge := place("Grace")
 	huge["requestId"] = strings.Repeat("r", 100_000)
