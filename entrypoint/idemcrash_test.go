@@ -103,3 +103,93 @@ func TestKeyedWriteCommittedByAKilledProcessDoesNotRunAgain(t *testing.T) {
 	require.Equal(t, string(retry), string(again), "replayed byte for byte")
 	require.Equal(t, 1, countPlaced())
 }
+
+// TestKeyedWriteOfAKilledProcessBlockedInTheDatabaseDoesNotCommitLater: an
+// API process sends a keyed write whose statements (and its COMMIT, which
+// travels in the same pipeline) wait in the database for a lock, and is
+// killed with SIGKILL meanwhile. Its server backend outlives it, still
+// holding that COMMIT. Once the dead owner's lease has run out, the client's
+// retry on the other API must not run the write beside it: it waits for
+// the dead owner's transaction to end, finds the order it committed, and
+// answers that the write was committed. The log keeps one order.
+func TestKeyedWriteOfAKilledProcessBlockedInTheDatabaseDoesNotCommitLater(t *testing.T) {
+	t.Parallel()
+	db := kumikotest.NewDB(t)
+	rds := redistest.Start(t)
+	rdb := rds.Client()
+	redisURL := "redis://" + rds.Addr() + "/0"
+	// One connection, which the warm-up writes below have run the write's
+	// statements on: they are prepared there, so the whole transaction up
+	// to its COMMIT goes out in one pipeline.
+	api1 := start(t, "api-1", procEnv("api", db.URL, redisURL, "api-1", "DATABASE_POOL_MAX", "1"))
+	api2 := start(t, "api-2", procEnv("api", db.URL, redisURL, "api-2"))
+	api1.waitReady(t)
+	api2.waitReady(t)
+	ctx := context.Background()
+	for range 3 {
+		api1.place(t, "acme", "warm-up")
+	}
+
+	const key = "order-crash-0002"
+	redisKey := "kumiko:idem:acme:u-acme:" + key
+	body := map[string]any{"type": "orders:write:place", "payload": map[string]any{"customer": "Ada", "amountCents": 4200}}
+	count := func(q string) int {
+		var n int
+		require.NoError(t, db.Pool.QueryRow(ctx, q).Scan(&n))
+		return n
+	}
+	placed := `SELECT count(*) FROM events WHERE type = 'orders:event:placed' AND payload->>'customer' = 'Ada'`
+	// Backends of this database waiting for a lock (the events table's or
+	// an advisory one).
+	waiting := `SELECT count(*) FROM pg_locks WHERE NOT granted
+		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`
+
+	// Every append waits: a SHARE lock on the events table.
+	hold, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = hold.Rollback(ctx) }()
+	_, err = hold.Exec(ctx, `LOCK TABLE events IN SHARE MODE`)
+	require.NoError(t, err)
+
+	go func() {
+		rctx, cancel := context.WithTimeout(ctx, wait)
+		defer cancel()
+		_, _, _ = postKeyed(rctx, t, api1.url+"/api/write", "acme", key, body)
+	}()
+	require.Eventually(t, func() bool { return count(waiting) == 1 }, wait, 10*time.Millisecond,
+		"api-1's write waits for the lock")
+	st, err := rdb.HGet(ctx, redisKey, "state").Result()
+	require.NoError(t, err)
+	require.Equal(t, "pending", st)
+	api1.kill()
+	// The process is gone; its backend is not.
+	time.Sleep(time.Second)
+	require.Equal(t, 1, count(waiting), "the killed process's backend still waits")
+
+	// The dead owner's lease runs out (30 s; here at once).
+	require.NoError(t, rdb.HSet(ctx, redisKey, "lease", 0).Err())
+
+	type answer struct {
+		code int
+		body []byte
+		err  error
+	}
+	retried := make(chan answer, 1)
+	go func() {
+		rctx, cancel := context.WithTimeout(ctx, wait)
+		defer cancel()
+		code, b, err := postKeyed(rctx, t, api2.url+"/api/write", "acme", key, body)
+		retried <- answer{code, b, err}
+	}()
+	// The retry waits too: for the dead owner's transaction, or (running
+	// the write again) for the events table.
+	require.Eventually(t, func() bool { return count(waiting) == 2 }, wait, 10*time.Millisecond,
+		"the retry waits for a lock")
+	require.NoError(t, hold.Rollback(ctx))
+	a := <-retried
+	require.NoError(t, a.err)
+	require.Eventually(t, func() bool { return count(waiting) == 0 }, wait, 10*time.Millisecond)
+	require.Equal(t, 1, count(placed), "the retry ran the write beside the killed process's (%d %s)", a.code, a.body)
+	require.Equal(t, http.StatusConflict, a.code, string(a.body))
+	require.Contains(t, string(a.body), "committed")
+}

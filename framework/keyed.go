@@ -40,12 +40,27 @@ WHERE created_at >= now() - $4::interval AND tenant_id = $1
   AND metadata->>'idempotencyKey' = $3 AND metadata->>'userId' = $2
 ORDER BY position LIMIT $5`
 
+// keyedLockSQL waits for and takes the lock of keyedLockKey in the
+// transaction.
+const keyedLockSQL = `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`
+
+// keyedLockKey is the key of the transaction advisory lock that every
+// writing transaction carrying an idempotency key holds from its first
+// statement to its end (taken with BEGIN), and that [Runtime.KeyedEvents]
+// waits for: the unit separators keep tenant, user and key apart.
+func keyedLockKey(tenant, user, key string) string {
+	return "kumiko-idempotency\x1f" + tenant + "\x1f" + user + "\x1f" + key
+}
+
 // KeyedEvents returns the events (at most 100, oldest first) that writes of
 // p carrying the idempotency key (see [Call].IdempotencyKey) committed
 // within the last window. The idempotency middleware asks it before it
 // runs a keyed write whose previous owner died: a write that committed
-// must not run again. It reads on the primary in p's tenant scope; a
-// database failure is a CodeUnavailable *[Error].
+// must not run again. It reads on the primary in p's tenant scope, after
+// waiting until no transaction of such a write is still open (a dead
+// owner's backend can outlive its process, holding a pipelined COMMIT
+// behind a statement that waits for a lock); a database failure, or ctx
+// ending while it waits, is a CodeUnavailable *[Error].
 func (rt *Runtime) KeyedEvents(ctx context.Context, p Principal, key string, window time.Duration) ([]KeyedEvent, error) {
 	conn, err := rt.pool.Acquire(ctx)
 	if err != nil {
@@ -54,6 +69,14 @@ func (rt *Runtime) KeyedEvents(ctx context.Context, p Principal, key string, win
 	defer conn.Release()
 	var out []KeyedEvent
 	_, err = rt.runOn(ctx, conn, p.TenantID, p, Metadata{UserID: p.UserID}, true, nil, func(ctx context.Context, tx *Tx) error {
+		// Wait for a keyed write of the dead owner that may still be
+		// under way in the database (its process is gone, its backend
+		// not yet: a statement waiting for a lock, with the COMMIT
+		// pipelined behind it), so that the query below, whose snapshot
+		// is taken after the wait, sees what it committed.
+		if _, err := tx.Exec(ctx, keyedLockSQL, keyedLockKey(p.TenantID, p.UserID, key)); err != nil {
+			return err
+		}
 		rows, err := tx.Query(ctx, keyedEventsSQL, p.TenantID, p.UserID, key, window, maxKeyedEvents)
 		if err != nil {
 			return err

@@ -394,7 +394,13 @@ func (rt *Runtime) inTx(ctx context.Context, tenant string, p Principal, meta Me
 func (rt *Runtime) runOn(ctx context.Context, conn *pgxpool.Conn, tenant string, p Principal, meta Metadata, readOnly bool, token *string, fn func(ctx context.Context, tx *Tx) error) (int, error) {
 	// BEGIN and the tenant scope travel with the transaction's first
 	// statement (or with the COMMIT batch): one round trip less.
-	lz, err := tenancy.BeginLazy(conn.Conn(), tenant, tenancy.Options{ReadOnly: readOnly})
+	opts := tenancy.Options{ReadOnly: readOnly}
+	if !readOnly && meta.IdempotencyKey != "" {
+		// Held until this transaction ends, also when the process that
+		// sent it died: see KeyedEvents.
+		opts.Lock = keyedLockKey(tenant, meta.UserID, meta.IdempotencyKey)
+	}
+	lz, err := tenancy.BeginLazy(conn.Conn(), tenant, opts)
 	if err != nil {
 		return 0, err
 	}

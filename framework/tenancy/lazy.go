@@ -37,6 +37,7 @@ type Lazy struct {
 	conn     LazyConn
 	tenant   string
 	readOnly bool
+	lock     string
 	// open: the transaction is open already; the prefix is only the scope.
 	open  bool
 	begun bool
@@ -50,7 +51,7 @@ func BeginLazy(conn LazyConn, tenant string, opts Options) (*Lazy, error) {
 	if tenant == "" {
 		return nil, fmt.Errorf("tenancy: empty tenant id")
 	}
-	return &Lazy{conn: conn, tenant: tenant, readOnly: opts.ReadOnly}, nil
+	return &Lazy{conn: conn, tenant: tenant, readOnly: opts.ReadOnly, lock: opts.Lock}, nil
 }
 
 // SwitchLazily re-scopes the open transaction on conn to tenant with the
@@ -80,6 +81,9 @@ func (l *Lazy) queuePrefix(b *pgx.Batch) int {
 		b.Queue(`BEGIN READ ONLY`)
 	default:
 		b.Queue(`BEGIN`)
+	}
+	if !l.open {
+		queueLock(b, l.lock)
 	}
 	QueueScope(b, l.tenant)
 	return b.Len() - n

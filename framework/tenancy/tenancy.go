@@ -78,6 +78,12 @@ func missingRole(err error) bool {
 type Options struct {
 	// ReadOnly starts a READ ONLY transaction. Defaults to false.
 	ReadOnly bool
+	// Lock, when not empty, is the key of a transaction-scoped advisory
+	// lock (pg_advisory_xact_lock of hashtextextended(Lock, 0)) that the
+	// transaction takes right after BEGIN, before its scope and its first
+	// statement, so that the lock is held by every transaction that can
+	// commit anything. Defaults to none.
+	Lock string
 }
 
 // QueueScope queues the statement that scopes the open transaction to
@@ -106,11 +112,19 @@ func Begin(ctx context.Context, conn Conn, tenant string, opts Options) error {
 	} else {
 		b.Queue(`BEGIN`)
 	}
+	queueLock(b, opts.Lock)
 	QueueScope(b, tenant)
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		return &ScopeError{Tenant: tenant, Err: err}
 	}
 	return nil
+}
+
+// queueLock queues the advisory lock of [Options].Lock, if any.
+func queueLock(b *pgx.Batch, key string) {
+	if key != "" {
+		b.Queue(`SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, key)
+	}
 }
 
 // Switch re-scopes an open transaction to another tenant (the dispatcher
