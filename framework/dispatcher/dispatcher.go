@@ -711,7 +711,9 @@ func (d *Dispatcher) pass(ctx context.Context, c *consumerRun) (passResult, erro
 				fail.err = fmt.Errorf("handler outlasted the pass timeout: %w", fail.err)
 			}
 			d.metrics.failed.WithLabelValues(c.Name, c.instance).Inc()
-			attrs := []any{"consumer", c.Name, "instance_id", c.instance, "position", fail.at.Position, "error", fail.err}
+			attrs := append([]any{"consumer", c.Name, "instance_id", c.instance, "position", fail.at.Position},
+				eventAttrs(fail.typ, fail.tenant, fail.meta)...)
+			attrs = append(attrs, "error", fail.err)
 			if pe, ok := errors.AsType[*panicError](fail.err); ok {
 				attrs = append(attrs, "stack", string(pe.stack))
 			}
@@ -765,6 +767,19 @@ type failure struct {
 	// timedOut is set when the attempt's context had ended when the event
 	// failed: the deadline, not the event, may be the cause.
 	timedOut bool
+	// typ, tenant and meta are the failed event's type, tenant and
+	// metadata, for the log.
+	typ, tenant string
+	meta        eventstore.Metadata
+}
+
+// eventAttrs are the log attributes that tie a consumer's failure to the
+// event's cause: its type, tenant, and the correlation and causation ids
+// it was appended with (for a write, the request's correlation id and its
+// request id), as the job runner logs them for a run.
+func eventAttrs(typ, tenant string, meta eventstore.Metadata) []any {
+	return []any{"event_type", typ, "tenant_id", tenant,
+		"correlation_id", meta.CorrelationID, "causation_id", meta.CausationID}
 }
 
 // attempt runs one pass transaction. Without f it applies up to limit
@@ -842,7 +857,8 @@ func (d *Dispatcher) attempt(ctx context.Context, conn *pgx.Conn, c *consumerRun
 			aerr = sc.queueErr
 		}
 		if aerr != nil {
-			return res, &failure{index: i, err: aerr, at: env.Cursor(), from: st.cursor, timedOut: ctx.Err() != nil}, nil
+			return res, &failure{index: i, err: aerr, at: env.Cursor(), from: st.cursor, timedOut: ctx.Err() != nil,
+				typ: env.Type, tenant: env.TenantID, meta: env.Metadata}, nil
 		}
 		written += tx.Written()
 	}
@@ -913,7 +929,9 @@ WHERE name = $1 AND instance_id = $2`, c.Name, c.instance, attempts, bad.Positio
 			b.Queue(failSQL, c.Name, c.instance, cur.CommitKey, cur.Position, len(apply), attempts, bad.Position, truncate(f.err.Error()), delay, dead)
 		}
 		if dead {
-			d.log.Error("consumer dead", "consumer", c.Name, "instance_id", c.instance, "position", bad.Position, "attempts", attempts, "error", f.err)
+			attrs := append([]any{"consumer", c.Name, "instance_id", c.instance, "position", bad.Position},
+				eventAttrs(bad.Type, bad.TenantID, bad.Metadata)...)
+			d.log.Error("consumer dead", append(attrs, "attempts", attempts, "error", f.err)...)
 		}
 	}
 	b.Queue(`COMMIT`)

@@ -3,6 +3,7 @@ package dispatcher_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -656,4 +657,59 @@ func waitCount(t *testing.T, b *bundle, sql string, want int, timeout time.Durat
 		require.True(t, time.Now().Before(deadline), "%s: got %d, want %d", sql, got, want)
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// A handler failure is logged with what ties it to its cause: the event's
+// type, tenant, correlation id and causation id (a write's request id),
+// so that an operator finds the request whose event a consumer choked on,
+// as the job runner's logs already do. Before, "consumer event failed" and
+// "consumer dead" named only the consumer and the position.
+func TestFailureLogCarriesTheEventsIDs(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(b *bundle) {
+		q := framework.MultiStreamProjection(b.f, "broken", &framework.ProjectionOptions{MaxAttempts: 1})
+		framework.On(q, b.noted, func(ctx context.Context, tx *framework.Tx, e framework.Event[noted]) error {
+			return errors.New("always")
+		})
+	})
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	d := newDispatcher(t, b, &dispatcher.Config{Logger: slog.New(slog.NewJSONHandler(lockedWriter{&mu, &logs}, nil))})
+	_, err := b.rt.InTx(context.Background(), "t9", framework.Metadata{CorrelationID: "corr-log", CausationID: "req-log", RequestID: "req-log"}, func(ctx context.Context, tx *framework.Tx) error {
+		return tx.Append(framework.Stream{Type: "s", ID: "1"}, framework.AnyVersion, b.noted.With(noted{N: 1}))
+	})
+	require.NoError(t, err)
+	b.db.WaitVisible(t)
+	_, err = d.RunOnce(context.Background(), "test:broken")
+	require.NoError(t, err)
+	require.Equal(t, "dead", state(t, b, "test:broken", dispatcher.SharedInstance).status)
+
+	mu.Lock()
+	defer mu.Unlock()
+	lines := map[string]map[string]any{}
+	for line := range bytes.Lines(logs.Bytes()) {
+		var rec map[string]any
+		require.NoError(t, json.Unmarshal(line, &rec))
+		lines[rec["msg"].(string)] = rec
+	}
+	for _, msg := range []string{"consumer event failed", "consumer dead"} {
+		rec, ok := lines[msg]
+		require.True(t, ok, "no %q line in %s", msg, logs.String())
+		require.Equal(t, "corr-log", rec["correlation_id"], msg)
+		require.Equal(t, "req-log", rec["causation_id"], msg)
+		require.Equal(t, "t9", rec["tenant_id"], msg)
+		require.Equal(t, "test:event:noted", rec["event_type"], msg)
+	}
+}
+
+// lockedWriter serializes writes to w under mu.
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
