@@ -240,3 +240,40 @@ func TestDispatchOfUnknownJobIsDeadLettered(t *testing.T) {
 		return s
 	}())
 }
+
+// kumiko_jobs_event_to_start_seconds measures how long the event took to
+// reach its run: one sample per event run, taken when the run first
+// starts. A retry is no new delivery of the event: before, every attempt
+// observed the event's age again, so a run retried after its backoff added
+// a sample that measured the backoff (and one retried by an operator days
+// later, days), and the histogram's count was the attempts, not the runs.
+func TestEventToStartObservedOncePerRun(t *testing.T) {
+	t.Parallel()
+	const backoff = 1500 * time.Millisecond
+	var attempts atomic.Int64
+	b := setup(t, func(b *bundle) {
+		jobs.OnEvent(b.f, "flaky", b.noted, &jobs.Options{MaxRetries: 3, Backoff: func(int) time.Duration { return backoff }},
+			func(ctx context.Context, jc *jobs.Context, e framework.Event[noted]) error {
+				if attempts.Add(1) < 3 {
+					return errors.New("not yet")
+				}
+				return nil
+			})
+	})
+	r := b.runner(t, nil)
+	b.dispatch(t, r.Consumer())
+	b.write(t, "acme", 0, 1)
+	eventually(t, "the run to succeed on its third attempt", func() bool {
+		return metric(t, b, "kumiko_jobs_succeeded_total", "job", "test:job:flaky") == 1
+	})
+	require.Equal(t, float64(2), metric(t, b, "kumiko_jobs_failed_total", "job", "test:job:flaky"))
+	require.Equal(t, float64(1), metric(t, b, "kumiko_jobs_event_to_start_seconds", "job", "test:job:flaky"),
+		"one sample for the one run, not one per attempt")
+	fams, err := b.prom.Gather()
+	require.NoError(t, err)
+	for _, f := range fams {
+		if f.GetName() == "kumiko_jobs_event_to_start_seconds" {
+			require.Less(t, f.GetMetric()[0].GetHistogram().GetSampleSum(), backoff.Seconds(), "the sample holds no backoff")
+		}
+	}
+}

@@ -46,7 +46,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"lane"}),
 		eventToStart: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "kumiko_jobs_event_to_start_seconds",
-			Help:    "Time from the triggering event's append (its created_at) to the start of an event job's run.",
+			Help:    "Time from the triggering event's append (its created_at) to the start of an event job's run (its first attempt).",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
 		}, lj),
 	}

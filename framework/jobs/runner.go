@@ -272,7 +272,9 @@ func (r *Runner) handler(lane framework.RunIn, j *Job) asynq.HandlerFunc {
 		h := t.Headers()
 		jc.CorrelationID, jc.CausationID, jc.UserID = h[headerCorrelation], h[headerCausation], h[headerUser]
 		jc.run = h[headerRun]
-		if v := h[headerEventAt]; v != "" {
+		// One sample per run: a retry is no new delivery of the event, and
+		// its age then would measure the backoff.
+		if v := h[headerEventAt]; v != "" && jc.Retry == 0 {
 			if at, perr := time.Parse(time.RFC3339Nano, v); perr == nil {
 				r.metrics.eventToStart.WithLabelValues(string(lane), j.name).Observe(start.Sub(at).Seconds())
 			}
