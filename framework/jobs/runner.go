@@ -214,10 +214,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		if len(jobs) == 0 {
 			continue
 		}
-		mux := asynq.NewServeMux()
-		for _, j := range jobs {
-			mux.Handle(j.name, r.handler(lane, j))
-		}
+		mux := r.laneHandler(lane, jobs)
 		srv := asynq.NewServerFromRedisClient(r.rdb, asynq.Config{
 			Concurrency:              r.cfg.Concurrency,
 			Queues:                   laneQueues(r.cfg.QueuePrefix, lane, jobs),
@@ -259,6 +256,43 @@ func (r *Runner) retryDelay(n int, _ error, t *asynq.Task) time.Duration {
 		return j.opts.Backoff(n + 1)
 	}
 	return DefaultBackoff(n + 1)
+}
+
+// laneHandler routes a lane's tasks to their jobs by exact type. (asynq's
+// ServeMux matches by prefix: a run of a job this build lacks would run
+// the handler of a job whose name is a prefix of its name.) A task of a
+// job this build does not declare fails as a run of that job, see
+// [Runner.undeclared].
+func (r *Runner) laneHandler(lane framework.RunIn, jobs []*Job) asynq.Handler {
+	handlers := make(map[string]asynq.Handler, len(jobs))
+	for _, j := range jobs {
+		handlers[j.name] = r.handler(lane, j)
+	}
+	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
+		if h, ok := handlers[t.Type()]; ok {
+			return h.ProcessTask(ctx, t)
+		}
+		return r.undeclared(ctx, lane, t)
+	})
+}
+
+// undeclared fails a run of a job this build does not declare in the lane
+// (renamed or removed by a release while runs still waited, or declared
+// by another release running beside this one). It is counted and logged
+// under the task's type like any failed run, so kumiko_jobs_archived_total
+// shows it once its retries are exhausted; until then a process that does
+// declare it may take it.
+func (r *Runner) undeclared(ctx context.Context, lane framework.RunIn, t *asynq.Task) error {
+	start := time.Now()
+	jc := &Context{Job: t.Type(), Lane: lane}
+	jc.TaskID, _ = asynq.GetTaskID(ctx)
+	jc.Retry, _ = asynq.GetRetryCount(ctx)
+	jc.MaxRetry, _ = asynq.GetMaxRetry(ctx)
+	h := t.Headers()
+	jc.CorrelationID, jc.CausationID, jc.UserID = h[headerCorrelation], h[headerCausation], h[headerUser]
+	err := fmt.Errorf("%w %q: not declared in the %s lane of this build", ErrUnknownJob, t.Type(), lane)
+	r.finish(jc, start, err)
+	return err
 }
 
 // handler runs one job's tasks of a lane.
