@@ -572,12 +572,33 @@ func (l *loader) logLevel(name string) slog.Level {
 }
 
 func (l *loader) instanceID(name string) string {
-	v, _ := l.get(name)
+	v, set := l.get(name)
 	if v == ReservedInstanceID {
 		l.failf(name, "%q is reserved for shared consumer delivery", v)
 		return ""
 	}
+	if set && !validInstanceID(v) {
+		// The id is a path segment of the admin API, a metric label
+		// and a log field.
+		l.failf(name, "must be 1 to 253 letters, digits, '.', '_', ':' or '-', got %q", v)
+		return ""
+	}
 	return v
+}
+
+// validInstanceID reports whether id is 1 to 253 ASCII letters, digits,
+// '.', '_', ':' or '-' (a pod or host name fits).
+func validInstanceID(id string) bool {
+	if id == "" || len(id) > 253 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == ':' || c == '-') {
+			return false
+		}
+	}
+	return true
 }
 
 // databaseURL checks that the connection string parses and returns it with

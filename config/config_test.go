@@ -284,6 +284,10 @@ func TestBadValues(t *testing.T) {
 		{"REDIS_MAX_RETRIES_PER_REQUEST", "-1", `REDIS_MAX_RETRIES_PER_REQUEST: must be a non-negative integer, got "-1"`},
 		{"REDIS_MAX_RETRIES_PER_REQUEST", "3000000000", `REDIS_MAX_RETRIES_PER_REQUEST: must be at most 2147483647, got "3000000000"`},
 		{"KUMIKO_INSTANCE_ID", "__shared__", `KUMIKO_INSTANCE_ID: "__shared__" is reserved for shared consumer delivery`},
+		// The id is a path segment of the admin API (DELETE /api/admin/instances/:instance), a
+		// metric label and a log field: a slash made it unreachable over HTTP.
+		{"KUMIKO_INSTANCE_ID", "pods/api-1", `KUMIKO_INSTANCE_ID: must be 1 to 253 letters, digits, '.', '_', ':' or '-', got "pods/api-1"`},
+		{"KUMIKO_INSTANCE_ID", "api 1", `KUMIKO_INSTANCE_ID: must be 1 to 253 letters, digits, '.', '_', ':' or '-', got "api 1"`},
 		{"JWT_SECRET", "short", "JWT_SECRET: secret must be at least 16 bytes, got 5"},
 		{"KUMIKO_DISPATCHER_POLL_INTERVAL_MS", "0", `KUMIKO_DISPATCHER_POLL_INTERVAL_MS: must be a positive integer number of milliseconds, got "0"`},
 		// The largest value the general bound admits made the dispatcher's

@@ -41,7 +41,7 @@
 //	REDIS_CONNECT_TIMEOUT_MS            5000                       RedisConnectTimeout, > 0
 //	REDIS_COMMAND_TIMEOUT_MS            10000                      RedisCommandTimeout, 0 = none, at most 86400000
 //	REDIS_MAX_RETRIES_PER_REQUEST       3                          RedisMaxRetries, 0 = none
-//	KUMIKO_INSTANCE_ID                  unset (kumiko-<16 hex>)    InstanceID, not "__shared__"
+//	KUMIKO_INSTANCE_ID                  unset (kumiko-<16 hex>)    InstanceID: [A-Za-z0-9._:-]{1,253}, not "__shared__"
 //	JWT_SECRET                          required unless worker     JWTKeys, see [ParseJWTKeys]
 //	KUMIKO_DISPATCHER_POLL_INTERVAL_MS  100                        DispatcherPollInterval, 1..86400000 (a day)
 //	KUMIKO_DISPATCHER_BATCH_SIZE        500                        DispatcherBatchSize, 1..10000
