@@ -222,6 +222,14 @@ func (s *Set) DispatchTx(ctx context.Context, tx *framework.Tx, name string, pay
 	return tx.Append(stream, framework.NoStream, ev.With(Dispatched{Job: name, Payload: raw, Key: opts.Key}))
 }
 
+// asynqTimeout is the timeout a job's tasks carry: asynq keeps it in whole
+// seconds (it truncates, and reads 0 as its 30 minute default), so it is
+// rounded up. The handler bounds the run by the job's exact Timeout
+// itself, which ends first.
+func asynqTimeout(d time.Duration) time.Duration {
+	return max(time.Second, (d+time.Second-1)/time.Second*time.Second)
+}
+
 // taken says why an enqueue added no run.
 type taken int
 
@@ -260,7 +268,7 @@ func (c *Client) enqueue(ctx context.Context, j *Job, w *wire, taskID string, he
 	opts := []asynq.Option{
 		asynq.Queue(queue),
 		asynq.MaxRetry(j.maxRetry()),
-		asynq.Timeout(j.opts.Timeout),
+		asynq.Timeout(asynqTimeout(j.opts.Timeout)),
 		asynq.TaskID(taskID),
 	}
 	if dedup {

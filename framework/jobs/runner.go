@@ -330,7 +330,11 @@ func (r *Runner) handler(lane framework.RunIn, j *Job) asynq.HandlerFunc {
 			r.finish(jc, start, err)
 		}()
 		jc.CorrelationID = cmp.Or(jc.CorrelationID, jc.TaskID)
-		return j.run(ctx, jc, t.Payload())
+		// asynq bounds the run in whole seconds (see asynqTimeout); the
+		// job's Timeout is exact.
+		rctx, cancel := context.WithTimeout(ctx, j.opts.Timeout)
+		defer cancel()
+		return j.run(rctx, jc, t.Payload())
 	}
 }
 
