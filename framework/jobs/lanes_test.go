@@ -89,3 +89,40 @@ func TestEnqueueOnlyRunnerConsumesNothing(t *testing.T) {
 	b.runner(t, &jobs.Config{Lanes: []framework.RunIn{framework.RunInWorker}})
 	eventually(t, "the run", func() bool { return b.count(t, `SELECT count(*) FROM runs`) == 1 })
 }
+
+// TestRunsLeftInAnotherPriorityQueueStillRun: a release that changes a
+// job's Priority leaves the runs the old build enqueued (and archived runs
+// an operator retries later) in the queue of the old priority. A lane
+// listened only to the queues of its jobs' current priorities, so those
+// runs waited forever.
+func TestRunsLeftInAnotherPriorityQueueStillRun(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	build := func(p jobs.Priority, lanes []framework.RunIn) *jobs.Runner {
+		reg := framework.NewRegistry()
+		f := reg.Feature("test")
+		jobs.Manual[noted](f, "work", &jobs.Options{Priority: p}, func(ctx context.Context, jc *jobs.Context, in noted) error {
+			return insertRun(ctx, jc, jc.Job, fmt.Sprint(in.N), string(p))
+		})
+		rt, err := framework.NewRuntime(reg, b.db.Pool, nil)
+		require.NoError(t, err)
+		r, err := jobs.New(rt, b.rdb, &jobs.Config{Lanes: lanes, Metrics: prometheus.NewRegistry(), ShutdownTimeout: 2 * time.Second})
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- r.Run(ctx) }()
+		t.Cleanup(func() { cancel(); require.NoError(t, <-done) })
+		return r
+	}
+	// The old build (high priority) enqueues and stops before running it.
+	old := build(jobs.PriorityHigh, nil)
+	_, err := old.Client().Dispatch(context.Background(), "test:job:work", noted{N: 1}, &jobs.DispatchOptions{TenantID: "acme"})
+	require.NoError(t, err)
+	// The new build has the job at the default priority.
+	r := build(jobs.PriorityDefault, []framework.RunIn{framework.RunInWorker})
+	eventually(t, "the run left in the high-priority queue", func() bool { return b.count(t, `SELECT count(*) FROM runs`) == 1 })
+	// New runs go to the default queue and run too.
+	_, err = r.Client().Dispatch(context.Background(), "test:job:work", noted{N: 2}, &jobs.DispatchOptions{TenantID: "acme"})
+	require.NoError(t, err)
+	eventually(t, "the new run", func() bool { return b.count(t, `SELECT count(*) FROM runs`) == 2 })
+}

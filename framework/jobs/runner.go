@@ -217,7 +217,7 @@ func (r *Runner) Run(ctx context.Context) error {
 		mux := r.laneHandler(lane, jobs)
 		srv := asynq.NewServerFromRedisClient(r.rdb, asynq.Config{
 			Concurrency:              r.cfg.Concurrency,
-			Queues:                   laneQueues(r.cfg.QueuePrefix, lane, jobs),
+			Queues:                   r.listenTo(ctx, lane, jobs),
 			TaskCheckInterval:        r.cfg.TaskCheckInterval,
 			DelayedTaskCheckInterval: r.cfg.RetryCheckInterval,
 			RetryDelayFunc:           r.retryDelay,
@@ -247,6 +247,31 @@ func (r *Runner) Run(ctx context.Context) error {
 	wg.Wait()
 	shutdown()
 	return nil
+}
+
+// listenTo returns the queues a lane's server consumes: those of its
+// jobs' priorities (see laneQueues), and the lane's other priority queues
+// that Redis already has. A release that changed a job's priority leaves
+// the runs the earlier build enqueued (and archived runs an operator
+// retries later) in the old priority's queue, which no job of this build
+// would make the lane listen to. When the queues cannot be read, the lane
+// listens to all three.
+func (r *Runner) listenTo(ctx context.Context, lane framework.RunIn, jobs []*Job) map[string]int {
+	queues := laneQueues(r.cfg.QueuePrefix, lane, jobs)
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.EnqueueTimeout)
+	defer cancel()
+	// asynq records every queue it enqueued to in this set (its storage
+	// layout, as taskKey).
+	known, err := r.rdb.SMembers(ctx, "asynq:queues").Result()
+	if err != nil {
+		r.log.Warn("job queues unreadable; the lane listens to all its priority queues", "lane", string(lane), "error", err)
+	}
+	for p, w := range priorityWeight {
+		if q := QueueName(r.cfg.QueuePrefix, lane, p); err != nil || slices.Contains(known, q) {
+			queues[q] = w
+		}
+	}
+	return queues
 }
 
 // retryDelay is asynq's RetryDelayFunc: the job's Backoff for the

@@ -111,13 +111,15 @@ func QueueName(prefix string, lane framework.RunIn, p Priority) string {
 // asynq weights (high 6, default 3, low 1). An idle queue costs a Redis
 // round trip on most pulls, so only used priorities are listened to.
 func laneQueues(prefix string, lane framework.RunIn, jobs []*Job) map[string]int {
-	weight := map[Priority]int{PriorityHigh: 6, PriorityDefault: 3, PriorityLow: 1}
 	out := map[string]int{}
 	for _, j := range jobs {
-		out[QueueName(prefix, lane, j.opts.Priority)] = weight[j.opts.Priority]
+		out[QueueName(prefix, lane, j.opts.Priority)] = priorityWeight[j.opts.Priority]
 	}
 	return out
 }
+
+// priorityWeight is the asynq weight of each priority's queue.
+var priorityWeight = map[Priority]int{PriorityHigh: 6, PriorityDefault: 3, PriorityLow: 1}
 
 // Task ids. They are derived from what triggered the run, so that a second
 // enqueue of the same trigger conflicts (asynq.ErrTaskIDConflict) instead of
