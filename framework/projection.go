@@ -59,8 +59,9 @@ type ProjectionOptions struct {
 	// BatchSize is the number of events per pass; a negative one is a
 	// registration problem. Defaults to the dispatcher's batch size.
 	BatchSize int
-	// Saga marks a projection that appends events; it cannot be rebuilt.
-	// Defaults to false.
+	// Saga marks a projection that appends events; it cannot be rebuilt,
+	// and per-instance delivery is a registration problem (every process
+	// would append its events). Defaults to false.
 	Saga bool
 	// Partitions splits the consumer into that many state rows, each
 	// reading the events of the streams that hash to it: passes of
@@ -105,6 +106,10 @@ func MultiStreamProjection(f *Feature, name string, opts *ProjectionOptions) *Pr
 	p := registerProjection(f, name, KindMultiStream, o)
 	if o.Delivery != DeliveryShared && o.Delivery != DeliveryPerInstance {
 		f.reg.problem("projection %s: delivery %q is not shared or per-instance", p.name, o.Delivery)
+	}
+	if o.Saga && o.Delivery == DeliveryPerInstance {
+		// Every process applies every event with a cursor of its own.
+		f.reg.problem("projection %s: a saga cannot have per-instance delivery: every process would append its events once", p.name)
 	}
 	if o.RunIn != RunInWorker && o.RunIn != RunInAPI && o.RunIn != RunInBoth {
 		f.reg.problem("projection %s: runIn %q is not api, worker or both", p.name, o.RunIn)

@@ -304,3 +304,14 @@ func TestRegistrationAfterBuildPanics(t *testing.T) {
 	require.PanicsWithValue(t, msg, func() { framework.On(p, placed, regApply) })
 	require.NoError(t, r.Build(), "Build stays callable")
 }
+
+// TestPerInstanceSagaIsRefused: a saga appends events, and a per-instance
+// projection runs in every process with a cursor of its own, so a
+// per-instance saga appended each of its events once per running process.
+func TestPerInstanceSagaIsRefused(t *testing.T) {
+	r := framework.NewRegistry()
+	f := r.Feature("shop")
+	framework.MultiStreamProjection(f, "shipping", &framework.ProjectionOptions{Saga: true, Delivery: framework.DeliveryPerInstance})
+	framework.MultiStreamProjection(f, "billing", &framework.ProjectionOptions{Saga: true})
+	require.EqualError(t, r.Build(), "kumiko: projection shop:shipping: a saga cannot have per-instance delivery: every process would append its events once")
+}
