@@ -294,7 +294,9 @@ func (rt *Runtime) batchErr(n, i int, err error) error {
 // tenant on the read pool (see [RuntimeConfig].ReadRouter). A query
 // declared with [QueryOptions].Cache is answered from the query cache when
 // it holds the entity, and fills it otherwise; a call with a
-// ConsistencyToken skips the cache and reads at or after the token's write.
+// ConsistencyToken skips the cache and reads at or after the token's write,
+// and so does a call of [SystemTenantID] (invalidations name the tenant of
+// the event, never the system tenant).
 // A malformed token is a bad_request *[Error].
 func (rt *Runtime) Query(ctx context.Context, call Call, cmd Command) (any, error) {
 	d := rt.reg.queries[cmd.Type]
@@ -310,7 +312,10 @@ func (rt *Runtime) Query(ctx context.Context, call Call, cmd Command) (any, erro
 	if call.ConsistencyToken != "" && !ValidConsistencyToken(call.ConsistencyToken) {
 		return nil, &Error{Code: CodeBadRequest, Message: "malformed consistency token: send back the token of a write response unchanged"}
 	}
-	if d.cache != nil && rt.cache != nil && call.ConsistencyToken == "" {
+	// The system tenant's reads span every tenant while invalidations name
+	// the event's tenant: an entry of the system tenant would never be
+	// invalidated, so its reads skip the cache.
+	if d.cache != nil && rt.cache != nil && call.ConsistencyToken == "" && call.Principal.TenantID != SystemTenantID {
 		return rt.cachedQuery(ctx, call, d, cmd.Payload)
 	}
 	return rt.query(ctx, call, d, cmd.Payload, call.ConsistencyToken)

@@ -503,3 +503,26 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(p)
 }
+
+// TestSystemTenantReadsAreNotCached: a query of the system tenant (Go code
+// such as a cron job calling Runtime.Query) sees every tenant's rows, but
+// invalidations name the tenant of the event: an entry filled under the
+// system tenant was never invalidated and answered the order as placed
+// after its cancel, for the whole TTL.
+func TestSystemTenantReadsAreNotCached(t *testing.T) {
+	t.Parallel()
+	b := setup(t, redistest.Shared(t), true)
+	id := b.place(t, "acme", "Ada")
+	system := call(framework.SystemTenantID)
+	o, err := b.get(t, system, id)
+	require.NoError(t, err)
+	require.Equal(t, "placed", o.Status)
+
+	_, err = b.rt.Write(t.Context(), call("acme"), []framework.Command{{Type: "orders:write:cancel",
+		Payload: []byte(`{"orderId":"` + id + `","expectedVersion":1}`)}})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return b.cache.Stats().Invalidations >= 1 }, 30*time.Second, 20*time.Millisecond)
+	o, err = b.get(t, system, id)
+	require.NoError(t, err)
+	require.Equal(t, "cancelled", o.Status, "the system tenant's read is not served an entry no invalidation reaches")
+}
