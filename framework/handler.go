@@ -63,8 +63,12 @@ type writeDef struct {
 type queryDef struct {
 	qualified string
 	roles     []string
-	run       func(ctx context.Context, tx *Tx, payload json.RawMessage) (any, error)
-	cache     *cachedQuery
+	// decode decodes and validates a payload into the query's input (an
+	// In), before any connection is taken.
+	decode func(payload json.RawMessage) (any, error)
+	// run runs the handler on a decoded input.
+	run   func(ctx context.Context, tx *Tx, in any) (any, error)
+	cache *cachedQuery
 }
 
 // Write registers the write handler "<feature>:write:<name>". In is the
@@ -138,12 +142,15 @@ func Query[In, Out any](f *Feature, name string, h QueryHandler[In, Out], opts *
 	if opts.Cache != nil {
 		def.cache = bindCache[In, Out](f, q, opts.Cache)
 	}
-	def.run = func(ctx context.Context, tx *Tx, payload json.RawMessage) (any, error) {
+	def.decode = func(payload json.RawMessage) (any, error) {
 		var in In
 		if err := DecodePayload(payload, &in); err != nil {
 			return nil, err
 		}
-		return h(ctx, tx, in)
+		return in, nil
+	}
+	def.run = func(ctx context.Context, tx *Tx, in any) (any, error) {
+		return h(ctx, tx, in.(In))
 	}
 	r := f.reg
 	r.mu.Lock()

@@ -140,8 +140,8 @@ func InvalidatedBy[T any](ev EventType[T], key func(e Event[T]) string) Invalida
 // cachedQuery is a query's cache declaration, bound to its types.
 type cachedQuery struct {
 	*QueryCache
-	// keyOf decodes and validates a payload and returns its entity key.
-	keyOf func(payload json.RawMessage) (string, error)
+	// keyOf returns the entity key of a decoded input.
+	keyOf func(in any) string
 	// decode turns a cached JSON result into the query's result type.
 	decode func(b []byte) (any, error)
 }
@@ -169,13 +169,7 @@ func bindCache[In, Out any](f *Feature, q string, c *QueryCache) *cachedQuery {
 	}
 	return &cachedQuery{
 		QueryCache: c,
-		keyOf: func(payload json.RawMessage) (string, error) {
-			var in In
-			if err := DecodePayload(payload, &in); err != nil {
-				return "", err
-			}
-			return c.key(in), nil
-		},
+		keyOf:      c.key,
 		decode: func(b []byte) (any, error) {
 			var out Out
 			if err := json.Unmarshal(b, &out); err != nil {
@@ -196,13 +190,10 @@ func (d *eventDef) name() string {
 
 // cachedQuery answers a cached query: from the store, else from the
 // database (at or after the entity's stamp), filling the store.
-func (rt *Runtime) cachedQuery(ctx context.Context, call Call, d *queryDef, payload json.RawMessage) (any, error) {
-	key, err := d.cache.keyOf(payload)
-	if err != nil {
-		return nil, err
-	}
+func (rt *Runtime) cachedQuery(ctx context.Context, call Call, d *queryDef, in any) (any, error) {
+	key := d.cache.keyOf(in)
 	if key == "" {
-		return rt.query(ctx, call, d, payload, "")
+		return rt.query(ctx, call, d, in, "")
 	}
 	tenant := call.Principal.TenantID
 	value, stamp, lookupErr := rt.cache.Lookup(ctx, tenant, d.qualified, key)
@@ -217,7 +208,7 @@ func (rt *Runtime) cachedQuery(ctx context.Context, call Call, d *queryDef, payl
 	if !ValidConsistencyToken(stamp) {
 		stamp = ""
 	}
-	out, err := rt.query(ctx, call, d, payload, stamp)
+	out, err := rt.query(ctx, call, d, in, stamp)
 	if err != nil || lookupErr != nil {
 		return out, err
 	}

@@ -164,3 +164,31 @@ func TestQueryRouting(t *testing.T) {
 	_, err = rt.Query(t.Context(), call, cmd)
 	require.ErrorIs(t, err, &framework.Error{Code: framework.CodeUnavailable})
 }
+
+// TestBadQueryPayloadReachesNoDatabase: a payload that fails to decode or
+// validate is the client's 400 before any connection is taken. It was
+// decoded inside the query's transaction: a call with a consistency token
+// first waited (up to the replica wait) for the replica and, on a lagging
+// one, took a primary connection, only to answer validation_error.
+func TestBadQueryPayloadReachesNoDatabase(t *testing.T) {
+	t.Parallel()
+	db := kumikotest.NewDB(t)
+	reg := framework.NewRegistry()
+	framework.Query(reg.Feature("route"), "get", func(ctx context.Context, tx *framework.Tx, in readsGet) (string, error) {
+		return in.OrderID, nil
+	}, nil)
+	router := &pinnedRouter{pool: db.Pool}
+	rt, err := framework.NewRuntime(reg, db.Pool, &framework.RuntimeConfig{ReadRouter: router})
+	require.NoError(t, err)
+	call := framework.Call{Principal: framework.Principal{UserID: "u", TenantID: "acme"}, ConsistencyToken: "0/16B3748"}
+	for _, payload := range []string{`{}`, `{"orderId":1}`, `{"orderId":"o-1","extra":true}`, `[`} {
+		_, err = rt.Query(t.Context(), call, framework.Command{Type: "route:query:get", Payload: json.RawMessage(payload)})
+		var ve *framework.ValidationError
+		require.ErrorAs(t, err, &ve, "payload %s", payload)
+	}
+	require.Empty(t, router.tokens, "no connection was asked for")
+	out, err := rt.Query(t.Context(), call, framework.Command{Type: "route:query:get", Payload: json.RawMessage(`{"orderId":"o-1"}`)})
+	require.NoError(t, err)
+	require.Equal(t, "o-1", out)
+	require.Equal(t, []string{"0/16B3748"}, router.tokens)
+}

@@ -312,17 +312,23 @@ func (rt *Runtime) Query(ctx context.Context, call Call, cmd Command) (any, erro
 	if call.ConsistencyToken != "" && !ValidConsistencyToken(call.ConsistencyToken) {
 		return nil, &Error{Code: CodeBadRequest, Message: "malformed consistency token: send back the token of a write response unchanged"}
 	}
+	// Decoded before a connection is taken: a bad payload waits for no
+	// replica and holds no connection.
+	in, err := d.decode(cmd.Payload)
+	if err != nil {
+		return nil, err
+	}
 	// The system tenant's reads span every tenant while invalidations name
 	// the event's tenant: an entry of the system tenant would never be
 	// invalidated, so its reads skip the cache.
 	if d.cache != nil && rt.cache != nil && call.ConsistencyToken == "" && call.Principal.TenantID != SystemTenantID {
-		return rt.cachedQuery(ctx, call, d, cmd.Payload)
+		return rt.cachedQuery(ctx, call, d, in)
 	}
-	return rt.query(ctx, call, d, cmd.Payload, call.ConsistencyToken)
+	return rt.query(ctx, call, d, in, call.ConsistencyToken)
 }
 
-// query runs d on a read connection for token.
-func (rt *Runtime) query(ctx context.Context, call Call, d *queryDef, payload json.RawMessage, token string) (any, error) {
+// query runs d with the decoded input in on a read connection for token.
+func (rt *Runtime) query(ctx context.Context, call Call, d *queryDef, in any, token string) (any, error) {
 	conn, err := rt.acquireRead(ctx, token)
 	if err != nil {
 		return nil, err
@@ -331,7 +337,7 @@ func (rt *Runtime) query(ctx context.Context, call Call, d *queryDef, payload js
 	var out any
 	_, err = rt.runOn(ctx, conn, call.Principal.TenantID, call.Principal, call.metadata(), true, nil, func(ctx context.Context, tx *Tx) error {
 		var err error
-		out, err = d.run(ctx, tx, payload)
+		out, err = d.run(ctx, tx, in)
 		return err
 	})
 	return out, err
