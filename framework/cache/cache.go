@@ -138,16 +138,17 @@ func (c *Cache) Lookup(ctx context.Context, tenant, query, key string) ([]byte, 
 		c.m.bypassed.WithLabelValues(query).Inc()
 		return nil, "", errBypassed
 	}
+	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	cmd := redis.NewSliceCmd(ctx, "hmget", c.Key(tenant, query, key), "v", "g")
 	if err := c.cmd.Do(ctx, cmd); err != nil {
-		c.failed(query, "lookup", err)
+		c.failed(parent, query, "lookup", err)
 		return nil, "", fmt.Errorf("cache: lookup: %w", err)
 	}
 	vals, err := cmd.Result()
 	if err != nil {
-		c.failed(query, "lookup", err)
+		c.failed(parent, query, "lookup", err)
 		return nil, "", fmt.Errorf("cache: lookup: %w", err)
 	}
 	g, _ := vals[1].(string)
@@ -170,11 +171,12 @@ return 1`)
 
 // Fill implements [framework.QueryCacheStore].
 func (c *Cache) Fill(ctx context.Context, tenant, query, key, stamp string, value []byte, ttl time.Duration) error {
+	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	err := c.cmd.Run(ctx, fillScript, []string{c.Key(tenant, query, key)}, stamp, value, ttlMillis(ttl)).Err()
 	if err != nil {
-		c.failed(query, "fill", err)
+		c.failed(parent, query, "fill", err)
 		return fmt.Errorf("cache: fill: %w", err)
 	}
 	return nil
@@ -203,9 +205,11 @@ func (c *Cache) Invalidate(ctx context.Context, tenant, query, key, stamp string
 	return nil
 }
 
-// failed counts a Redis error and opens the cooldown.
-func (c *Cache) failed(query, op string, err error) {
-	if errors.Is(err, context.Canceled) {
+// failed counts a Redis error and opens the cooldown, unless the caller's
+// context (parent) ended: a canceled request or a caller's deadline says
+// nothing about Redis.
+func (c *Cache) failed(parent context.Context, query, op string, err error) {
+	if parent.Err() != nil || errors.Is(err, context.Canceled) {
 		return
 	}
 	c.m.errors.WithLabelValues(query).Inc()

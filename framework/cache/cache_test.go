@@ -526,3 +526,24 @@ func TestSystemTenantReadsAreNotCached(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "cancelled", o.Status, "the system tenant's read is not served an entry no invalidation reaches")
 }
+
+// TestCallersDeadlineIsNoRedisFailure: a lookup or fill whose caller's
+// context ends (a Go caller's deadline, a job's timeout) says nothing
+// about Redis. Only a cancel was recognised: a caller's deadline counted
+// as a Redis error and opened the cooldown, sending every cached read of
+// the process to the database for a second.
+func TestCallersDeadlineIsNoRedisFailure(t *testing.T) {
+	t.Parallel()
+	c, err := cache.New(redistest.Shared(t), &cache.Config{Prefix: "kumiko-test:cache:" + randomHex(6), Cooldown: time.Minute})
+	require.NoError(t, err)
+	expired, cancel := context.WithDeadline(t.Context(), time.Now().Add(-time.Second))
+	defer cancel()
+	_, _, err = c.Lookup(expired, "acme", "q", "k")
+	require.Error(t, err)
+	require.Error(t, c.Fill(expired, "acme", "q", "k", "", []byte(`"v"`), time.Minute))
+	require.Equal(t, cache.Stats{}, c.Stats(), "no Redis error counted")
+	require.NoError(t, c.Fill(t.Context(), "acme", "q", "k", "", []byte(`"v"`), time.Minute), "no cooldown")
+	v, _, err := c.Lookup(t.Context(), "acme", "q", "k")
+	require.NoError(t, err, "no cooldown")
+	require.Equal(t, `"v"`, string(v))
+}
