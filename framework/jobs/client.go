@@ -267,7 +267,7 @@ func (c *Client) enqueue(ctx context.Context, j *Job, w *wire, taskID string, he
 	queue := QueueName(c.prefix, j.opts.RunIn, j.opts.Priority)
 	opts := []asynq.Option{
 		asynq.Queue(queue),
-		asynq.MaxRetry(j.maxRetry()),
+		asynq.MaxRetry(j.asynqMaxRetry()),
 		asynq.Timeout(asynqTimeout(j.opts.Timeout)),
 		asynq.TaskID(taskID),
 	}

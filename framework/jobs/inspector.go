@@ -353,7 +353,7 @@ func (i *Inspector) lister(s State) func(string, ...asynq.ListOption) ([]*asynq.
 func toTaskInfo(lane framework.RunIn, ti *asynq.TaskInfo) TaskInfo {
 	t := TaskInfo{
 		ID: ti.ID, Job: ti.Type, Lane: lane, Queue: ti.Queue, State: State(ti.State.String()),
-		Retried: ti.Retried, MaxRetry: ti.MaxRetry, LastError: ti.LastErr, LastFailedAt: ti.LastFailedAt,
+		Retried: ti.Retried, MaxRetry: max(ti.MaxRetry-crashReserve, 0), LastError: ti.LastErr, LastFailedAt: ti.LastFailedAt,
 		NextProcessAt: ti.NextProcessAt,
 		CorrelationID: ti.Headers[headerCorrelation], CausationID: ti.Headers[headerCausation],
 	}

@@ -139,8 +139,32 @@ func (j *Job) RunIn() framework.RunIn { return j.opts.RunIn }
 // Options returns the job's options with defaults applied.
 func (j *Job) Options() Options { return j.opts }
 
-// maxRetry is the asynq retry count of the job.
+// maxRetry is the job's retry limit ([Options].MaxRetries; 0 for none).
 func (j *Job) maxRetry() int { return max(j.opts.MaxRetries, 0) }
+
+// crashReserve is how many attempts a job's tasks carry beyond the job's
+// retry limit, for a worker that dies during a run. asynq archives a run
+// whose lease ran out (its worker was killed) when its retries are used
+// up, so a worker dying during the last allowed attempt would lose the
+// run. The runner archives a run that fails its last allowed attempt
+// itself (see [lastAttempt]), so the reserve is used only by a dead
+// worker's run.
+const crashReserve = 1
+
+// asynqMaxRetry is the retry count a job's tasks carry: the job's limit
+// plus [crashReserve].
+func (j *Job) asynqMaxRetry() int { return j.maxRetry() + crashReserve }
+
+// lastAttempt is the error of a run that failed its last allowed attempt:
+// it reads as the handler's error and matches [SkipRetry], so that asynq
+// archives the run instead of spending the attempt kept for a dead worker.
+type lastAttempt struct{ error }
+
+// Is makes a lastAttempt match SkipRetry.
+func (e lastAttempt) Is(target error) bool { return target == SkipRetry }
+
+// Unwrap returns the handler's error.
+func (e lastAttempt) Unwrap() error { return e.error }
 
 // Set is the side table of a registry's jobs; get it with [For].
 type Set struct {

@@ -313,9 +313,13 @@ func (r *Runner) undeclared(ctx context.Context, lane framework.RunIn, t *asynq.
 	jc.TaskID, _ = asynq.GetTaskID(ctx)
 	jc.Retry, _ = asynq.GetRetryCount(ctx)
 	jc.MaxRetry, _ = asynq.GetMaxRetry(ctx)
+	jc.MaxRetry = max(jc.MaxRetry-crashReserve, 0)
 	h := t.Headers()
 	jc.CorrelationID, jc.CausationID, jc.UserID = h[headerCorrelation], h[headerCausation], h[headerUser]
-	err := fmt.Errorf("%w %q: not declared in the %s lane of this build", ErrUnknownJob, t.Type(), lane)
+	var err error = fmt.Errorf("%w %q: not declared in the %s lane of this build", ErrUnknownJob, t.Type(), lane)
+	if jc.Retry >= jc.MaxRetry {
+		err = lastAttempt{err}
+	}
 	r.finish(jc, start, err)
 	return err
 }
@@ -327,7 +331,7 @@ func (r *Runner) handler(lane framework.RunIn, j *Job) asynq.HandlerFunc {
 		jc := &Context{Job: j.name, Lane: lane, rt: r.rt, client: r.client, children: &children{}}
 		jc.TaskID, _ = asynq.GetTaskID(ctx)
 		jc.Retry, _ = asynq.GetRetryCount(ctx)
-		jc.MaxRetry, _ = asynq.GetMaxRetry(ctx)
+		jc.MaxRetry = j.maxRetry()
 		h := t.Headers()
 		jc.CorrelationID, jc.CausationID, jc.UserID = h[headerCorrelation], h[headerCausation], h[headerUser]
 		jc.run = h[headerRun]
@@ -347,6 +351,11 @@ func (r *Runner) handler(lane framework.RunIn, j *Job) asynq.HandlerFunc {
 				// nor is archived, and it keeps its uniqueness lock.
 				r.log.Warn("job interrupted by shutdown", append(r.attrs(jc, start), "error", err)...)
 				return
+			}
+			if err != nil && jc.Retry >= jc.MaxRetry && !errors.Is(err, SkipRetry) {
+				// Archive now: the task's remaining attempt is kept for
+				// a worker that dies during a run (crashReserve).
+				err = lastAttempt{err}
 			}
 			if err != nil && j.opts.Unique > 0 && (errors.Is(err, SkipRetry) || jc.Retry >= jc.MaxRetry) {
 				queue, _ := asynq.GetQueueName(ctx)
