@@ -99,6 +99,12 @@ type QueryCache struct {
 // spelling is never invalidated and is served stale for ttl. Normalise in
 // the key functions (for a uuid, uuid.Parse(id).String()).
 //
+// Cache only reads of tables written in the write's own transaction (the
+// handler's rows, inline projections): invalidations run beside the
+// asynchronous projections, not after them, so a read of an asynchronous
+// projection's table can be refilled before the projection applied the
+// event and serve the old row for ttl.
+//
 // Without a store ([RuntimeConfig].QueryCache) the declaration changes
 // nothing. A query with a different input type, or an invalidation naming
 // an event this registry did not declare, is a registration problem.
