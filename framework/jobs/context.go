@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/kumiko-go/kumiko/framework"
 )
 
@@ -152,4 +154,36 @@ func HandledOnce(ctx context.Context, tx *framework.Tx, key string) (bool, error
 		return false, fmt.Errorf("jobs: claim %q: %w", key, err)
 	}
 	return tag.RowsAffected() == 1, nil
+}
+
+// MaxHandledAgeDays bounds the olderThanDays of [PruneHandled] (about
+// 2,700 years; more reaches before the earliest time Postgres can hold).
+const MaxHandledAgeDays = 1_000_000
+
+// ErrBadAge is returned by [PruneHandled] for olderThanDays below 1 or
+// above [MaxHandledAgeDays].
+var ErrBadAge = fmt.Errorf("jobs: older-than-days must be between 1 and %d", MaxHandledAgeDays)
+
+const pruneHandledSQL = `DELETE FROM handled WHERE handled_at < now() - make_interval(days => $1)`
+
+// PruneHandled deletes the [HandledOnce] claims of every tenant made more
+// than olderThanDays days ago and returns how many it deleted. Nothing
+// else removes them: the handled table grows by one row per claim.
+//
+// A pruned key can be claimed again, so an effect it guarded repeats if
+// its job is delivered once more after the prune. Keep claims for longer
+// than a run can still come back: asynq keeps archived runs, which an
+// operator may retry, for up to 90 days, so prune with 90 days or more
+// unless no job is ever retried that late. The delete runs as the pool's
+// user (the database owner; the tenant role sees one tenant's claims).
+// It returns [ErrBadAge] for olderThanDays out of range.
+func PruneHandled(ctx context.Context, pool *pgxpool.Pool, olderThanDays int) (int64, error) {
+	if olderThanDays < 1 || olderThanDays > MaxHandledAgeDays {
+		return 0, ErrBadAge
+	}
+	tag, err := pool.Exec(ctx, pruneHandledSQL, olderThanDays)
+	if err != nil {
+		return 0, fmt.Errorf("jobs: prune handled: %w", err)
+	}
+	return tag.RowsAffected(), nil
 }

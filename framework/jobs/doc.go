@@ -36,6 +36,9 @@
 //		return err
 //	})
 //
+// Claims stay until [PruneHandled] (`kumiko jobs prune-handled`) deletes
+// the old ones.
+//
 // # How runs are enqueued
 //
 // Event jobs and transactional dispatches ([Set.DispatchTx], which appends

@@ -40,6 +40,10 @@ func TestEventsAndProjectionCommands(t *testing.T) {
 		t.Parallel()
 		testProjectionRebuild(t, bin)
 	})
+	t.Run("prune-handled", func(t *testing.T) {
+		t.Parallel()
+		testPruneHandled(t, bin)
+	})
 	t.Run("rebuild-killed", func(t *testing.T) {
 		t.Parallel()
 		testProjectionRebuildKilled(t, bin)
@@ -363,4 +367,23 @@ func testProjectionRebuildKilled(t *testing.T, bin string) {
 	require.Zero(t, f.int(t, `SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'kumiko_rebuild%'`))
 	require.Equal(t, []string{"orders:order-totals"}, f.strings(t, `SELECT name FROM event_consumers`))
 	require.Equal(t, events, f.int(t, `SELECT events_processed FROM event_consumers WHERE name = 'orders:order-totals'`))
+}
+
+// testPruneHandled: `kumiko jobs prune-handled` deletes the HandledOnce
+// claims older than the cutoff (nothing else does) and keeps the others.
+func testPruneHandled(t *testing.T, bin string) {
+	f := newLogFixture(t, bin)
+	_, err := f.db.Pool.Exec(context.Background(), `INSERT INTO handled (tenant_id, key, handled_at) VALUES
+  ('acme', 'old', now() - interval '100 days'), ('globex', 'old', now() - interval '91 days'), ('acme', 'new', now())`)
+	require.NoError(t, err)
+	out, code := f.run(t, "jobs", "prune-handled")
+	require.Equal(t, 1, code, out)
+	require.Contains(t, out, "--older-than-days is required")
+	out, code = f.run(t, "jobs", "prune-handled", "--older-than-days", "0")
+	require.Equal(t, 1, code, out)
+	require.Contains(t, out, "must be between 1 and 1000000")
+	out, code = f.run(t, "jobs", "prune-handled", "--older-than-days", "90")
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "deleted 2 HandledOnce claim(s) older than 90 days")
+	require.Equal(t, []string{"acme/new"}, f.strings(t, `SELECT tenant_id || '/' || key FROM handled ORDER BY 1`))
 }

@@ -23,9 +23,9 @@ import (
 func jobsCmd(register func(*framework.Registry, *config.Config)) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "jobs",
-		Short: "List declared jobs, list runs by state, retry archived runs",
+		Short: "List declared jobs, list runs by state, retry archived runs, prune HandledOnce claims",
 	}
-	cmd.AddCommand(jobsDeclaredCmd(register), jobsListCmd(), jobsRetryCmd())
+	cmd.AddCommand(jobsDeclaredCmd(register), jobsListCmd(), jobsRetryCmd(), jobsPruneHandledCmd())
 	return cmd
 }
 
@@ -163,6 +163,39 @@ func jobsRetryCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&lane, "lane", "", "api or worker (default: search both)")
+	return cmd
+}
+
+func jobsPruneHandledCmd() *cobra.Command {
+	var days int
+	cmd := &cobra.Command{
+		Use:   "prune-handled --older-than-days N",
+		Short: "Delete HandledOnce claims (the handled table) older than N days",
+		Long: `Delete the HandledOnce claims of every tenant made more than N days ago.
+Nothing else removes them: the handled table grows by one row per claim.
+
+A pruned key can be claimed again: an effect it guarded repeats if its job
+is delivered once more after the prune. asynq keeps archived runs, which an
+operator may retry, for up to 90 days: prune with 90 days or more.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if !cmd.Flags().Changed("older-than-days") {
+				return errors.New("--older-than-days is required")
+			}
+			pool, _, err := toolPool(cmd.Context())
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			n, err := jobs.PruneHandled(cmd.Context(), pool, days)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "deleted %d HandledOnce claim(s) older than %d days\n", n, days)
+			return nil
+		},
+	}
+	cmd.Flags().IntVar(&days, "older-than-days", 0, fmt.Sprintf("delete claims made more than N days ago (required, 1 to %d)", jobs.MaxHandledAgeDays))
 	return cmd
 }
 

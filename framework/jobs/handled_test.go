@@ -1,0 +1,61 @@
+package jobs_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kumiko-go/kumiko/framework"
+	"github.com/kumiko-go/kumiko/framework/jobs"
+	"github.com/kumiko-go/kumiko/framework/kumikotest"
+)
+
+// TestPruneHandled: the handled table grows by one row per HandledOnce
+// claim and nothing else removes them; PruneHandled deletes the claims older
+// than the cutoff, of every tenant, and keeps the younger ones, whose
+// effects still happen only once.
+func TestPruneHandled(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := kumikotest.NewDB(t)
+	rt, err := framework.NewRuntime(framework.NewRegistry(), db.Pool, nil)
+	require.NoError(t, err)
+	claim := func(tenant, key string) bool {
+		var first bool
+		_, err := rt.InTx(ctx, tenant, framework.Metadata{}, func(ctx context.Context, tx *framework.Tx) error {
+			var err error
+			first, err = jobs.HandledOnce(ctx, tx, key)
+			return err
+		})
+		require.NoError(t, err)
+		return first
+	}
+	for _, k := range []struct{ tenant, key string }{{"acme", "old-1"}, {"globex", "old-2"}, {"acme", "new"}} {
+		require.True(t, claim(k.tenant, k.key))
+	}
+	_, err = db.Pool.Exec(ctx, `UPDATE handled SET handled_at = now() - interval '91 days' WHERE key LIKE 'old-%'`)
+	require.NoError(t, err)
+
+	_, err = jobs.PruneHandled(ctx, db.Pool, 0)
+	require.ErrorIs(t, err, jobs.ErrBadAge)
+
+	n, err := jobs.PruneHandled(ctx, db.Pool, 90)
+	require.NoError(t, err)
+	require.Equal(t, int64(2), n)
+	var left []string
+	rows, err := db.Pool.Query(ctx, `SELECT tenant_id || '/' || key FROM handled ORDER BY 1`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var s string
+		require.NoError(t, rows.Scan(&s))
+		left = append(left, s)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []string{"acme/new"}, left)
+	require.False(t, claim("acme", "new"), "a kept claim still guards its effect")
+
+	n, err = jobs.PruneHandled(ctx, db.Pool, 90)
+	require.NoError(t, err)
+	require.Zero(t, n, "a second prune finds nothing")
+}
