@@ -148,8 +148,18 @@ const (
   FROM event_consumers c
   WHERE c.status <> 'disabled' AND (c.event_types IS NULL OR c.event_types && $1)
 ) g WHERE unseen > 0 ORDER BY name, instance_id`
-	countSQL  = `SELECT type, count(*) FROM events WHERE type = ANY($1) AND created_at < $2 GROUP BY type`
-	deleteSQL = `WITH d AS (DELETE FROM events WHERE type = ANY($1) AND created_at < $2 RETURNING type)
+	countSQL = `SELECT type, count(*) FROM events WHERE type = ANY($1) AND created_at < $2 GROUP BY type`
+	// deleteSQL deletes and records, per tenant, stream type and type, the
+	// last deleted event in delivery order in event_prune_marks, so that a
+	// reader resuming from an older cursor learns that it would miss events.
+	deleteSQL = `WITH d AS (DELETE FROM events WHERE type = ANY($1) AND created_at < $2
+  RETURNING tenant_id, stream_type, type, commit_key, position),
+m AS (INSERT INTO event_prune_marks AS p (tenant_id, stream_type, type, commit_key, position)
+  SELECT DISTINCT ON (tenant_id, stream_type, type) tenant_id, stream_type, type, commit_key, position FROM d
+  ORDER BY tenant_id, stream_type, type, commit_key DESC, position DESC
+  ON CONFLICT (tenant_id, stream_type, type) DO UPDATE
+  SET commit_key = EXCLUDED.commit_key, position = EXCLUDED.position, pruned_at = now()
+  WHERE (EXCLUDED.commit_key, EXCLUDED.position) > (p.commit_key, p.position))
 SELECT type, count(*) FROM d GROUP BY type`
 )
 
@@ -158,7 +168,9 @@ SELECT type, count(*) FROM d GROUP BY type`
 // table in SHARE mode, unless a consumer that is not disabled has not passed
 // them: then it deletes nothing and returns a *[LagError]. In a dry run it
 // counts instead of deleting; when the guard refuses, it returns the counts
-// together with the *LagError.
+// together with the *LagError. A delete records, per tenant, stream type and
+// type, the last deleted event in event_prune_marks, so that an SSE client
+// resuming from before it is refused instead of missing events silently.
 //
 // It returns [ErrBadAge] for OlderThanDays out of range, an error wrapping
 // [ErrUnknownType] for an undeclared type name, and [ErrPruneRunning] when

@@ -47,7 +47,9 @@
 // the caller's tenant (the event at the id's position must exist, belong to
 // the tenant, and carry the id's commit key) is answered 400: another
 // tenant's, another deployment's, a forged or a pruned id cannot be resumed
-// from, and the client must reconnect without it.
+// from, and the client must reconnect without it. So is an id after which
+// a retention prune deleted an event of the tenant that the stream's
+// filters would have sent: the replay would skip it silently.
 //
 // # Slow clients
 //

@@ -67,7 +67,7 @@ func (h *Hub) Serve(c echo.Context) error {
 		return err
 	}
 	if resume {
-		if err := h.checkCursor(ctx, p.TenantID, after); err != nil {
+		if err := h.checkCursor(ctx, p.TenantID, filter, after); err != nil {
 			return err
 		}
 	}
@@ -152,20 +152,37 @@ func (h *Hub) waitReady(ctx context.Context) error {
 // row-level security: another tenant's event is not found.
 const checkCursorSQL = `SELECT commit_key FROM events WHERE position = $1`
 
+// prunedAfterSQL reports whether a prune deleted an event of the tenant
+// (row-level security) of types $3 and stream types $4 (NULL: any) after
+// the cursor ($1, $2).
+const prunedAfterSQL = `SELECT EXISTS (SELECT 1 FROM event_prune_marks
+WHERE (commit_key, position) > ($1::xid8, $2::bigint) AND type = ANY($3)
+  AND ($4::text[] IS NULL OR stream_type = ANY($4)))`
+
 // checkCursor accepts a resume cursor only when it names an event of this
 // log that the tenant can see: the event at its position exists, belongs to
 // the tenant and has its commit key. Anything else (another tenant's or
 // another deployment's id, a forged or pruned one) is 400: such a client
-// must start afresh instead of silently getting a wrong replay.
-func (h *Hub) checkCursor(ctx context.Context, tenant string, cur eventstore.Cursor) error {
+// must start afresh instead of silently getting a wrong replay. So is a
+// cursor after which retention pruned an event the client would have got
+// (of the tenant, and matching f): the replay would skip it silently.
+func (h *Hub) checkCursor(ctx context.Context, tenant string, f Filter, cur eventstore.Cursor) error {
 	var key uint64
+	var pruned bool
 	err := h.inTenant(ctx, tenant, func(db eventstore.DB) error {
-		return db.QueryRow(ctx, checkCursorSQL, cur.Position).Scan(&key)
+		if err := db.QueryRow(ctx, checkCursorSQL, cur.Position).Scan(&key); err != nil {
+			return err
+		}
+		return db.QueryRow(ctx, prunedAfterSQL, cur.CommitKey, cur.Position, h.sentTypes(f), f.StreamTypes).Scan(&pruned)
 	})
 	switch {
 	case errors.Is(err, pgx.ErrNoRows), err == nil && key != cur.CommitKey:
 		return &framework.Error{Code: framework.CodeBadRequest,
 			Message: "Last-Event-ID does not name an event of this stream: reconnect without it",
+			Details: map[string]any{"lastEventId": cur.String()}}
+	case err == nil && pruned:
+		return &framework.Error{Code: framework.CodeBadRequest,
+			Message: "events after Last-Event-ID were pruned and cannot be replayed: reconnect without it",
 			Details: map[string]any{"lastEventId": cur.String()}}
 	case err != nil && ctx.Err() == nil:
 		return &framework.Error{Code: framework.CodeUnavailable, Message: "database unavailable", Err: fmt.Errorf("sse: check cursor: %w", err)}
@@ -173,6 +190,21 @@ func (h *Hub) checkCursor(ctx context.Context, tenant string, cur eventstore.Cur
 		return ctx.Err()
 	}
 	return nil
+}
+
+// sentTypes returns the event types a stream with filter f sends: the
+// filter's, or every declared type that is not internal.
+func (h *Hub) sentTypes(f Filter) []string {
+	if len(f.Types) > 0 {
+		return f.Types
+	}
+	var out []string
+	for _, t := range h.reg.EventTypes() {
+		if !h.reg.InternalEvent(t) {
+			out = append(out, t)
+		}
+	}
+	return out
 }
 
 // inTenant runs fn in a read-only transaction scoped to tenant (row-level
