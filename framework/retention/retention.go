@@ -277,6 +277,26 @@ func prune(ctx context.Context, conn *pgx.Conn, types []string, opts *Options, r
 	return nil, nil
 }
 
+const pruneDeadLettersSQL = `DELETE FROM event_dead_letters WHERE created_at < now() - make_interval(days => $1)`
+
+// PruneDeadLetters deletes the dead letters (event_dead_letters: the events
+// consumers moved past without delivering them, by SkipApplyErrors or an
+// operator's skip) recorded more than olderThanDays days ago, of every
+// consumer and instance, and returns how many it deleted. Nothing else
+// removes them, also not those of consumers or instances that are gone.
+// The events themselves stay in the log (until [Prune] deletes them). It
+// returns [ErrBadAge] for olderThanDays out of range.
+func PruneDeadLetters(ctx context.Context, pool *pgxpool.Pool, olderThanDays int) (int64, error) {
+	if olderThanDays < 1 || olderThanDays > MaxOlderThanDays {
+		return 0, ErrBadAge
+	}
+	tag, err := pool.Exec(ctx, pruneDeadLettersSQL, olderThanDays)
+	if err != nil {
+		return 0, fmt.Errorf("retention: prune dead letters: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}
+
 // collectCounts runs a (type, count) query into res.
 func collectCounts(ctx context.Context, tx pgx.Tx, sql string, types []string, res *Result) error {
 	rows, err := tx.Query(ctx, sql, types, res.Cutoff)

@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"github.com/kumiko-go/kumiko/config"
 	"github.com/kumiko-go/kumiko/framework"
 	"github.com/kumiko-go/kumiko/framework/dispatcher"
+	"github.com/kumiko-go/kumiko/framework/retention"
 )
 
 // consumerCmd is the `kumiko consumer` command group: the ops verbs of
@@ -26,7 +28,7 @@ func consumerCmd(register func(*framework.Registry, *config.Config)) *cobra.Comm
 	_ = register
 	cmd := &cobra.Command{
 		Use:   "consumer",
-		Short: "Inspect and operate event consumers (list, status, restart, skip, disable, enable, rewind)",
+		Short: "Inspect and operate event consumers (list, status, restart, skip, disable, enable, rewind, prune-dead-letters)",
 		Long: `Inspect and operate the dispatcher's event consumers in DATABASE_URL.
 
 States: idle (delivering), processing (a pass runs now), dead (the same event
@@ -66,7 +68,7 @@ per-instance consumer's row (default: the shared row __shared__).`,
 				}
 				return "enabled consumer " + consumerLabel(name, instance), nil
 			}),
-		consumerRewindCmd(), consumerRemoveInstanceCmd())
+		consumerRewindCmd(), consumerRemoveInstanceCmd(), consumerPruneDeadLettersCmd())
 	return cmd
 }
 
@@ -230,6 +232,33 @@ once. It refuses an instance whose rows had a heartbeat in the last minute.`,
 			})
 		},
 	}
+}
+
+func consumerPruneDeadLettersCmd() *cobra.Command {
+	var days int
+	cmd := &cobra.Command{
+		Use:   "prune-dead-letters --older-than-days N",
+		Short: "Delete dead letters (of every consumer) recorded more than N days ago",
+		Long: `Delete the dead letters of every consumer and instance recorded more than N
+days ago. Nothing else removes them, also not those of consumers or
+instances that are gone. The events stay in the log.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if !cmd.Flags().Changed("older-than-days") {
+				return errors.New("--older-than-days is required")
+			}
+			return withConsumerPool(cmd.Context(), func(pool *pgxpool.Pool) error {
+				n, err := retention.PruneDeadLetters(cmd.Context(), pool, days)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "deleted %d dead letter(s) older than %d days\n", n, days)
+				return nil
+			})
+		},
+	}
+	cmd.Flags().IntVar(&days, "older-than-days", 0, fmt.Sprintf("delete dead letters recorded more than N days ago (required, 1 to %d)", retention.MaxOlderThanDays))
+	return cmd
 }
 
 func writeConsumerJSON(w io.Writer, v any) error {

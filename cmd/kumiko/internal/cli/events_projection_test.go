@@ -44,6 +44,10 @@ func TestEventsAndProjectionCommands(t *testing.T) {
 		t.Parallel()
 		testPruneHandled(t, bin)
 	})
+	t.Run("prune-dead-letters", func(t *testing.T) {
+		t.Parallel()
+		testPruneDeadLetters(t, bin)
+	})
 	t.Run("rebuild-killed", func(t *testing.T) {
 		t.Parallel()
 		testProjectionRebuildKilled(t, bin)
@@ -386,4 +390,25 @@ func testPruneHandled(t *testing.T, bin string) {
 	require.Equal(t, 0, code, out)
 	require.Contains(t, out, "deleted 2 HandledOnce claim(s) older than 90 days")
 	require.Equal(t, []string{"acme/new"}, f.strings(t, `SELECT tenant_id || '/' || key FROM handled ORDER BY 1`))
+}
+
+// testPruneDeadLetters: `kumiko consumer prune-dead-letters` deletes the
+// dead letters older than the cutoff (nothing else does) and keeps the
+// others.
+func testPruneDeadLetters(t *testing.T, bin string) {
+	f := newLogFixture(t, bin)
+	_, err := f.db.Pool.Exec(context.Background(), `INSERT INTO event_dead_letters (consumer, instance_id, position, event_type, tenant_id, error, created_at) VALUES
+  ('gone:projection', '__shared__', 1, 'x:event:y', 'acme', 'boom', now() - interval '40 days'),
+  ('live:projection', '__shared__', 2, 'x:event:y', 'acme', 'boom', now())`)
+	require.NoError(t, err)
+	out, code := f.run(t, "consumer", "prune-dead-letters")
+	require.Equal(t, 1, code, out)
+	require.Contains(t, out, "--older-than-days is required")
+	out, code = f.run(t, "consumer", "prune-dead-letters", "--older-than-days", "0")
+	require.Equal(t, 1, code, out)
+	require.Contains(t, out, "must be between 1 and 1000000")
+	out, code = f.run(t, "consumer", "prune-dead-letters", "--older-than-days", "30")
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "deleted 1 dead letter(s) older than 30 days")
+	require.Equal(t, []string{"live:projection"}, f.strings(t, `SELECT consumer FROM event_dead_letters`))
 }
