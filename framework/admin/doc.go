@@ -31,8 +31,8 @@
 //	curl -s -X POST -H "Authorization: Bearer $TOKEN" -d '{"batchSize": 1000}' \
 //	  localhost:8080/api/admin/projections/orders:order-totals/rebuild
 //
-// A prune with bad input (olderThanDays missing or below 1, an undeclared
-// type, a types list naming none, an unknown field) is a 400 and deletes
+// A prune with bad input (olderThanDays missing or below 1, a type neither
+// declared nor in the log, a types list naming none, an unknown field) is a 400 and deletes
 // nothing; the consumer check's refusal is a 409 with details reason
 // "consumers_behind" and the lagging consumers, another prune running a
 // 409 with reason "prune_running". A rebuild of an unknown projection is a

@@ -7,7 +7,9 @@
 // types (declared with framework.EventOptions{PubSub: true}): notifications
 // that belong to no aggregate's history. Aggregate events carry
 // LoadAggregate, asOf reads and projection rebuilds; deleting them breaks
-// those, so they are pruned only when named explicitly. A stream's row in
+// those, so they are pruned only when named explicitly. A named type the
+// code no longer declares is accepted while the log holds events of it (a
+// removed feature's events can be pruned). A stream's row in
 // the streams table is never deleted, so a stream keeps its version and the
 // next append continues after it.
 //

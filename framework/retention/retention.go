@@ -21,8 +21,9 @@ type Options struct {
 	// Required; at least 1.
 	OlderThanDays int
 	// Types are the qualified event types to prune. Every name must be
-	// declared in the registry; aggregate types may be named (an explicit
-	// choice). Defaults to every pub/sub type of the registry.
+	// declared in the registry, or be the type of events in the log (a type
+	// the code no longer declares); aggregate types may be named (an
+	// explicit choice). Defaults to every pub/sub type of the registry.
 	Types []string
 	// DryRun counts what would be deleted, runs the lag guard, and deletes
 	// nothing. Defaults to false.
@@ -125,6 +126,50 @@ func SelectTypes(reg *framework.Registry, names []string) ([]string, error) {
 	return out, nil
 }
 
+// inLogSQL returns those of the names $1 that events in the log have.
+const inLogSQL = `SELECT t FROM unnest($1::text[]) AS t WHERE EXISTS (SELECT 1 FROM events e WHERE e.type = t)`
+
+// selectTypes is [SelectTypes], except that a named type the registry no
+// longer declares is accepted while events of it are in the log: the
+// events of a removed or renamed feature could otherwise never be pruned.
+// A name that is neither (a typo) still wraps [ErrUnknownType].
+func selectTypes(ctx context.Context, pool *pgxpool.Pool, reg *framework.Registry, names []string) ([]string, error) {
+	var declared, undeclared []string
+	for _, n := range names {
+		if reg.HasEvent(n) {
+			declared = append(declared, n)
+		} else if !slices.Contains(undeclared, n) {
+			undeclared = append(undeclared, n)
+		}
+	}
+	if len(undeclared) == 0 {
+		return SelectTypes(reg, names)
+	}
+	// Named types only (no SelectTypes of none: that is every pub/sub type).
+	out := slices.Clone(declared)
+	rows, err := pool.Query(ctx, inLogSQL, undeclared)
+	if err != nil {
+		return nil, fmt.Errorf("retention: look up types in the log: %w", err)
+	}
+	inLog, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("retention: look up types in the log: %w", err)
+	}
+	var unknown []string
+	for _, n := range undeclared {
+		if !slices.Contains(inLog, n) {
+			unknown = append(unknown, n)
+		}
+	}
+	if len(unknown) > 0 {
+		return nil, fmt.Errorf("%w: %s (declared: %s; no event of such a type is in the log either)",
+			ErrUnknownType, strings.Join(unknown, ", "), strings.Join(reg.EventTypes(), ", "))
+	}
+	out = append(out, inLog...)
+	slices.Sort(out)
+	return slices.Compact(out), nil
+}
+
 const (
 	// pruneLockSQL serialises prunes (two concurrent REPEATABLE READ
 	// deletes of the same rows would fail with a serialization error).
@@ -173,7 +218,7 @@ SELECT type, count(*) FROM d GROUP BY type`
 // resuming from before it is refused instead of missing events silently.
 //
 // It returns [ErrBadAge] for OlderThanDays out of range, an error wrapping
-// [ErrUnknownType] for an undeclared type name, and [ErrPruneRunning] when
+// [ErrUnknownType] for a type name neither declared nor in the log, and [ErrPruneRunning] when
 // another prune is running. With no type named and no pub/sub type
 // declared, it does nothing and returns a Result with no Types.
 func Prune(ctx context.Context, pool *pgxpool.Pool, reg *framework.Registry, opts *Options) (*Result, error) {
@@ -183,7 +228,7 @@ func Prune(ctx context.Context, pool *pgxpool.Pool, reg *framework.Registry, opt
 	if opts.OlderThanDays < 1 || opts.OlderThanDays > MaxOlderThanDays {
 		return nil, ErrBadAge
 	}
-	types, err := SelectTypes(reg, opts.Types)
+	types, err := selectTypes(ctx, pool, reg, opts.Types)
 	if err != nil {
 		return nil, err
 	}
