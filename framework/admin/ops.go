@@ -234,7 +234,9 @@ func (h *maintenance) rebuild(c echo.Context) error {
 		}
 		batch = *body.BatchSize
 	}
-	if _, err := rebuild.Check(h.reg, name); err != nil {
+	// Abandon also takes a projection no longer declared: the leftover of
+	// its killed rebuild would pin retention forever.
+	if _, err := rebuild.Check(h.reg, name); err != nil && !(body.Abandon && errors.Is(err, rebuild.ErrUnknownProjection)) {
 		return web.WriteError(c, rebuildError(err, name))
 	}
 	ctx := c.Request().Context()

@@ -399,6 +399,18 @@ func TestMaintenanceRebuild(t *testing.T) {
 	res = decode[rebuildJSON](t, b.do(t, http.MethodPost, path, tok, `{"abandon": true}`))
 	require.False(t, *res.Removed)
 	require.EqualValues(t, 15, b.int(t, `SELECT total FROM tally WHERE key = 'a'`), "abandon leaves the table")
+
+	// The leftover of a projection the code no longer declares (removed or
+	// renamed since its rebuild was killed) pins retention: abandon removes
+	// it too, while a rebuild of that name is still a 404.
+	_, err = b.db.Pool.Exec(context.Background(), `CREATE SCHEMA `+pgx.Identifier{rebuild.ShadowSchema("ops:gone")}.Sanitize()+`;
+		INSERT INTO event_consumers (name, instance_id) VALUES ('ops:gone#rebuild', '__shared__')`)
+	require.NoError(t, err)
+	res = decode[rebuildJSON](t, b.do(t, http.MethodPost, "/api/admin/projections/ops:gone/rebuild", tok, `{"abandon": true}`))
+	require.True(t, *res.Removed)
+	require.Zero(t, b.leftovers(t))
+	require.Zero(t, b.int(t, `SELECT count(*) FROM event_consumers WHERE name = 'ops:gone#rebuild'`))
+	requireError(t, b.do(t, http.MethodPost, "/api/admin/projections/ops:gone/rebuild", tok, ""), http.StatusNotFound, "not_found")
 }
 
 // A rebuild whose handler fails on an event answers 409 conflict with the

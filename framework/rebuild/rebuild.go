@@ -258,7 +258,7 @@ func Rebuild(ctx context.Context, pool *pgxpool.Pool, reg *framework.Registry, n
 	if cfg != nil && cfg.BatchSize > MaxBatchSize {
 		return nil, fmt.Errorf("rebuild: batch size %d is above the maximum of %d", cfg.BatchSize, MaxBatchSize)
 	}
-	r, release, err := open(ctx, pool, reg, p, cfg)
+	r, release, err := open(ctx, pool, reg, p.Name(), p, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -290,14 +290,20 @@ func Rebuild(ctx context.Context, pool *pgxpool.Pool, reg *framework.Registry, n
 
 // Abandon removes what an interrupted rebuild of the projection called name
 // left behind (its shadow schema and temporary consumer row) without
-// rebuilding, and reports whether there was anything. It returns
-// [ErrRunning] while a rebuild of the projection runs.
+// rebuilding, and reports whether there was anything. A name reg does not
+// declare (a projection removed or renamed since the rebuild was killed) is
+// looked for all the same: its leftover row would pin retention forever.
+// It returns [ErrRunning] while a rebuild of the projection runs, and the
+// error of [Check] for a declared projection that cannot be rebuilt.
 func Abandon(ctx context.Context, pool *pgxpool.Pool, reg *framework.Registry, name string) (bool, error) {
 	p, err := Check(reg, name)
-	if err != nil {
+	if err != nil && !errors.Is(err, ErrUnknownProjection) {
 		return false, err
 	}
-	r, release, err := open(ctx, pool, reg, p, nil)
+	// An undeclared name (p nil) needs only its names for the cleanup; the
+	// rebuild lock is by name, so a rebuild of it by an older build that
+	// still runs excludes this.
+	r, release, err := open(ctx, pool, reg, name, p, nil)
 	if err != nil {
 		return false, err
 	}
@@ -305,22 +311,27 @@ func Abandon(ctx context.Context, pool *pgxpool.Pool, reg *framework.Registry, n
 	return r.cleanup(ctx)
 }
 
-// open takes the projection's rebuild lock on a dedicated connection.
-func open(ctx context.Context, pool *pgxpool.Pool, reg *framework.Registry, p *framework.Projection, cfg *Config) (*run, func(), error) {
+// open takes the rebuild lock of the projection called name on a dedicated
+// connection. p is nil for a name the registry does not declare (only
+// cleanup may run then).
+func open(ctx context.Context, pool *pgxpool.Pool, reg *framework.Registry, name string, p *framework.Projection, cfg *Config) (*run, func(), error) {
 	if cfg == nil {
 		cfg = &Config{}
 	}
+	var o framework.ProjectionOptions
+	if p != nil {
+		o = p.Options()
+	}
 	c := *cfg
-	c.BatchSize = cmp.Or(c.BatchSize, p.Options().BatchSize, 500)
+	c.BatchSize = cmp.Or(c.BatchSize, o.BatchSize, 500)
 	c.SwapLockTimeout = cmp.Or(c.SwapLockTimeout, 3*time.Second)
 	c.SwapAttempts = cmp.Or(c.SwapAttempts, 10)
-	name := p.Name()
 	r := &run{
 		pool: pool, reg: reg, p: p, cfg: c,
 		log:      cmp.Or(c.Logger, slog.New(slog.DiscardHandler)),
 		consumer: ConsumerName(name),
 		schema:   ShadowSchema(name),
-		table:    p.Options().Table,
+		table:    o.Table,
 	}
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
@@ -356,7 +367,7 @@ func reopen(ctx context.Context, pool *pgxpool.Pool, reg *framework.Registry, p 
 		return nil, nil, fmt.Errorf("rebuild: end abandoned connection: %w", err)
 	}
 	for {
-		r, release, err := open(ctx, pool, reg, p, cfg)
+		r, release, err := open(ctx, pool, reg, p.Name(), p, cfg)
 		if !errors.Is(err, ErrRunning) {
 			return r, release, err
 		}

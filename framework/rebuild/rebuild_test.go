@@ -783,3 +783,31 @@ func TestRebuildRepartitions(t *testing.T) {
 	table, recount = b.tallyRows(t)
 	require.Equal(t, recount, table)
 }
+
+// TestAbandonProjectionNoLongerDeclared: a rebuild killed mid-way leaves a
+// shadow schema and a consumer row that pins retention; when the projection
+// has since been removed from the code (or renamed), Abandon must still
+// remove them, or nothing could.
+func TestAbandonProjectionNoLongerDeclared(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.Background()
+	schema := rebuild.ShadowSchema("gone:tally")
+	_, err := b.db.Pool.Exec(ctx, fmt.Sprintf(`CREATE SCHEMA %s; CREATE TABLE %s.tally (n int);
+		INSERT INTO event_consumers (name, instance_id) VALUES ('gone:tally#rebuild', '__shared__');
+		INSERT INTO event_dead_letters (consumer, instance_id, position, event_type, tenant_id, error)
+		  VALUES ('gone:tally#rebuild', '__shared__', 1, 'x:event:y', 't1', 'boom')`, schema, schema))
+	require.NoError(t, err)
+	found, err := rebuild.Abandon(ctx, b.db.Pool, b.reg, "gone:tally")
+	require.NoError(t, err)
+	require.True(t, found)
+	require.Zero(t, b.int(t, `SELECT count(*) FROM event_consumers WHERE name = 'gone:tally#rebuild'`))
+	require.Zero(t, b.int(t, `SELECT count(*) FROM event_dead_letters`))
+	require.Zero(t, b.int(t, `SELECT count(*) FROM pg_namespace WHERE nspname = $1`, schema))
+	found, err = rebuild.Abandon(ctx, b.db.Pool, b.reg, "gone:tally")
+	require.NoError(t, err)
+	require.False(t, found, "nothing left (also what a typo finds)")
+	// Rebuilding it is still refused: there are no handlers to replay.
+	_, err = rebuild.Rebuild(ctx, b.db.Pool, b.reg, "gone:tally", nil)
+	require.ErrorIs(t, err, rebuild.ErrUnknownProjection)
+}

@@ -22,6 +22,7 @@ import (
 	"github.com/kumiko-go/kumiko/framework/dispatcher"
 	"github.com/kumiko-go/kumiko/framework/eventstore"
 	"github.com/kumiko-go/kumiko/framework/kumikotest"
+	"github.com/kumiko-go/kumiko/framework/rebuild"
 	"github.com/kumiko-go/kumiko/framework/retention"
 )
 
@@ -358,6 +359,21 @@ func testProjectionRebuildKilled(t *testing.T, bin string) {
 	out, code = f.run(t, "projection", "rebuild", "orders:order-totals", "--abandon")
 	require.Equal(t, 0, code, out)
 	require.Contains(t, out, "removed the leftover")
+	require.Zero(t, f.int(t, `SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'kumiko_rebuild%'`))
+	require.Zero(t, f.int(t, `SELECT count(*) FROM event_consumers`))
+
+	// The leftover of a projection this build no longer declares: --abandon
+	// removes it all the same (it would pin retention forever), a rebuild
+	// of that name is refused.
+	_, err = f.db.Pool.Exec(context.Background(), `CREATE SCHEMA `+pgx.Identifier{rebuild.ShadowSchema("orders:old-totals")}.Sanitize()+`;
+		INSERT INTO event_consumers (name, instance_id) VALUES ('orders:old-totals#rebuild', '__shared__')`)
+	require.NoError(t, err)
+	out, code = f.run(t, "projection", "rebuild", "orders:old-totals")
+	require.Equal(t, 1, code, out)
+	require.Contains(t, out, `unknown projection "orders:old-totals"`)
+	out, code = f.run(t, "projection", "rebuild", "orders:old-totals", "--abandon")
+	require.Equal(t, 0, code, out)
+	require.Contains(t, out, "removed the leftover of an interrupted rebuild of orders:old-totals")
 	require.Zero(t, f.int(t, `SELECT count(*) FROM pg_namespace WHERE nspname LIKE 'kumiko_rebuild%'`))
 	require.Zero(t, f.int(t, `SELECT count(*) FROM event_consumers`))
 

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -53,7 +54,9 @@ NAME#rebuild behind; the next rebuild removes them and starts over, and
 			if err != nil {
 				return err
 			}
-			if _, err := rebuild.Check(reg, name); err != nil {
+			// --abandon also takes a projection no longer declared: the
+			// leftover of its killed rebuild would pin retention forever.
+			if _, err := rebuild.Check(reg, name); err != nil && !(abandon && errors.Is(err, rebuild.ErrUnknownProjection)) {
 				return err
 			}
 			out := cmd.OutOrStdout()
