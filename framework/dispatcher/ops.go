@@ -400,6 +400,7 @@ WHERE name = $1 AND instance_id = $2`, name, row.instance)
 const (
 	skipFailedSQL = `SELECT position, commit_key, type, tenant_id FROM events
 WHERE position = $1 AND (commit_key, position) > ($2::xid8, $3::bigint)`
+	skipGoneSQL = `SELECT NOT EXISTS (SELECT 1 FROM events WHERE position = $1)`
 	skipNextSQL = `SELECT position, commit_key, type, tenant_id FROM events
 WHERE (commit_key, position) > ($1::xid8, $2::bigint)
   AND commit_key < pg_snapshot_xmin(pg_current_snapshot())
@@ -422,7 +423,9 @@ const SkippedByOperator = "skipped by operator"
 // event in event_dead_letters with the error "skipped by operator" (plus the
 // last handler error, if one was recorded). The poison event is the
 // recorded failing event (failed position) when it lies after the cursor,
-// else the next visible event of the consumer's types after the cursor.
+// else the next visible event of the consumer's types after the cursor; a
+// recorded failing event that no longer exists (pruned) is refused with
+// [ErrNothingToSkip] rather than standing in the next event for it.
 // Attempts and the failure record are reset; a dead consumer turns idle, a
 // disabled one stays disabled. An empty instance means [SharedInstance].
 // It returns the dead letter; [ErrNothingToSkip] (wrapped) when there is no
@@ -439,6 +442,20 @@ func Skip(ctx context.Context, pool *pgxpool.Pool, name, instance string) (DeadL
 				return err
 			}
 			found = err == nil
+			if !found {
+				// The failing event was deleted (a prune, while the
+				// consumer was disabled): the next event is not it, and
+				// never failed. Nothing is poison any more.
+				var gone bool
+				if err := tx.QueryRow(ctx, skipGoneSQL, *row.failedPosition).Scan(&gone); err != nil {
+					return err
+				}
+				if gone {
+					return &opError{msg: fmt.Sprintf("the failing event %d of consumer %s is gone (pruned): nothing to skip; "+
+						"restart or enable the consumer to go on with the events after it", *row.failedPosition, label(name, row.instance)),
+						kind: ErrNothingToSkip}
+				}
+			}
 		}
 		if !found {
 			err := tx.QueryRow(ctx, skipNextSQL, row.cursor.CommitKey, row.cursor.Position, row.eventTypes, row.partIndex, row.partCount).
