@@ -90,7 +90,7 @@
   function render(rows) {
     var body = document.getElementById('consumers');
     var frag = document.createDocumentFragment();
-    var dead = 0, disabled = 0, lag = 0;
+    var dead = 0, disabled = 0, lag = 0, capped = false;
     rows.forEach(function (c) {
       var tr = document.createElement('tr');
       tr.className = c.status;
@@ -99,10 +99,11 @@
       if (c.status === 'dead') { dead++; }
       if (c.status === 'disabled') { disabled++; }
       lag += c.lag;
+      capped = capped || c.lagCapped;
       cell(tr, c.name);
       cell(tr, c.instanceId);
       cell(tr, c.status, 'status');
-      cell(tr, c.lag, 'num lag');
+      cell(tr, c.lag + (c.lagCapped ? '+' : ''), 'num lag');
       cell(tr, c.cursor).title = 'position ' + c.cursorPosition;
       cell(tr, c.attempts, 'num');
       cell(tr, c.eventsProcessed, 'num');
@@ -118,7 +119,7 @@
     });
     body.replaceChildren(frag);
     document.getElementById('summary').textContent =
-      rows.length + ' consumer row(s), ' + dead + ' dead, ' + disabled + ' disabled, total lag ' + lag +
+      rows.length + ' consumer row(s), ' + dead + ' dead, ' + disabled + ' disabled, total lag ' + lag + (capped ? '+' : '') +
       ' — updated ' + new Date().toLocaleTimeString();
   }
 

@@ -1,6 +1,10 @@
 package dispatcher
 
-import "context"
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
 
 // Revive runs one revival sweep (the maintenance loop does it every
 // second).
@@ -14,4 +18,9 @@ func (d *Dispatcher) Heartbeat(ctx context.Context) { d.heartbeat(ctx) }
 func (d *Dispatcher) PassPending(ctx context.Context, name string) (bool, error) {
 	res, err := d.pass(ctx, d.byName[name])
 	return res.invisible, err
+}
+
+// ListWithLagCap is List with the lag counted up to lagCap.
+func ListWithLagCap(ctx context.Context, pool *pgxpool.Pool, lagCap int64) ([]ConsumerStatus, error) {
+	return queryStatus(ctx, pool, nil, "", lagCap)
 }

@@ -128,8 +128,11 @@ type ConsumerStatus struct {
 	// Cursor is the place of the last event the consumer moved past.
 	Cursor eventstore.Cursor `json:"-"`
 	// Lag counts the events of the consumer's types after its cursor,
-	// including those not yet visible.
+	// including those not yet visible, up to [LagCountCap].
 	Lag int64 `json:"lag"`
+	// LagCapped is set when the count stopped at [LagCountCap]: the lag is
+	// at least Lag.
+	LagCapped bool `json:"lagCapped,omitempty"`
 	// Attempts is how often the failing event has failed in a row.
 	Attempts int `json:"attempts"`
 	// FailedPosition is the position of the failing event, if any.
@@ -186,8 +189,16 @@ type DeadLetter struct {
 	CreatedAt time.Time `json:"createdAt"`
 }
 
+// LagCountCap is where [List] and [Status] stop counting a row's lag: a
+// row far behind (a removed consumer's row, disabled, whose cursor stays
+// while the log grows) would otherwise cost a scan of every event after
+// its cursor on each call, and the admin page calls List every 2 seconds.
+// The lag gauge of the dispatcher counts further.
+const LagCountCap = 100_000
+
 // statusSQL reads state rows with the derived processing flag (a granted
-// advisory lock on the row's key, the pass's lock) and the lag.
+// advisory lock on the row's key, the pass's lock) and the lag, counted up
+// to $3 (the cap plus one).
 const statusSQL = `WITH held AS (
   SELECT (l.classid::int8 << 32) | l.objid::int8 AS key FROM pg_locks l
   WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
@@ -197,10 +208,11 @@ SELECT c.name, c.instance_id, c.status, c.event_types, c.cursor_commit_key, c.cu
   c.events_processed, c.heartbeat_at, extract(epoch FROM now() - c.heartbeat_at)::float8, c.updated_at,
   hashtextextended(c.name || chr(31) || c.instance_id, 0) IN (SELECT key FROM held),
   c.partition_index, c.partition_count,
-  (SELECT count(*) FROM events e
+  (SELECT count(*) FROM (SELECT 1 FROM events e
     WHERE (e.commit_key, e.position) > (c.cursor_commit_key, c.cursor_position)
       AND (c.event_types IS NULL OR e.type = ANY(c.event_types))
-      AND (c.partition_count = 1 OR kumiko_stream_partition(e.stream_id, c.partition_count) = c.partition_index))
+      AND (c.partition_count = 1 OR kumiko_stream_partition(e.stream_id, c.partition_count) = c.partition_index)
+    LIMIT $3) x)
 FROM event_consumers c
 WHERE ($1::text IS NULL OR (c.name = $1 AND c.instance_id = $2))
 ORDER BY c.name, c.instance_id`
@@ -212,7 +224,7 @@ ORDER BY id DESC LIMIT $3`
 // List returns every consumer state row (one per name and instance id),
 // ordered by name and instance id.
 func List(ctx context.Context, pool *pgxpool.Pool) ([]ConsumerStatus, error) {
-	out, err := queryStatus(ctx, pool, nil, "")
+	out, err := queryStatus(ctx, pool, nil, "", LagCountCap)
 	if err != nil {
 		return nil, fmt.Errorf("dispatcher: list consumers: %w", err)
 	}
@@ -225,7 +237,7 @@ func List(ctx context.Context, pool *pgxpool.Pool) ([]ConsumerStatus, error) {
 // does not exist.
 func Status(ctx context.Context, pool *pgxpool.Pool, name, instance string) (ConsumerStatus, error) {
 	instance = cmp.Or(instance, SharedInstance)
-	rows, err := queryStatus(ctx, pool, &name, instance)
+	rows, err := queryStatus(ctx, pool, &name, instance, LagCountCap)
 	if err != nil {
 		return ConsumerStatus{}, fmt.Errorf("dispatcher: consumer status: %w", err)
 	}
@@ -248,11 +260,27 @@ func Status(ctx context.Context, pool *pgxpool.Pool, name, instance string) (Con
 	return st, nil
 }
 
-func queryStatus(ctx context.Context, pool *pgxpool.Pool, name *string, instance string) ([]ConsumerStatus, error) {
-	rows, err := pool.Query(ctx, statusSQL, name, instance)
-	if err != nil {
-		return nil, err
-	}
+func queryStatus(ctx context.Context, pool *pgxpool.Pool, name *string, instance string, lagCap int64) (out []ConsumerStatus, err error) {
+	// Postgres misjudges how many events lie after a cursor and plans a
+	// bitmap scan, which reads every index entry after it before the LIMIT
+	// applies; an index scan in cursor order stops at the cap.
+	err = pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL enable_bitmapscan = off`); err != nil {
+			return err
+		}
+		// One more than the cap tells a lag of exactly lagCap from a larger one.
+		rows, err := tx.Query(ctx, statusSQL, name, instance, lagCap+1)
+		if err != nil {
+			return err
+		}
+		out, err = collectStatus(rows, lagCap)
+		return err
+	})
+	return out, err
+}
+
+// collectStatus scans the rows of statusSQL.
+func collectStatus(rows pgx.Rows, lagCap int64) ([]ConsumerStatus, error) {
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (ConsumerStatus, error) {
 		var s ConsumerStatus
 		var status string
@@ -266,6 +294,9 @@ func queryStatus(ctx context.Context, pool *pgxpool.Pool, name *string, instance
 			s.Status = StateProcessing
 		}
 		s.HeartbeatAge = time.Duration(ageSecs * float64(time.Second))
+		if s.Lag > lagCap {
+			s.Lag, s.LagCapped = lagCap, true
+		}
 		return s, err
 	})
 }

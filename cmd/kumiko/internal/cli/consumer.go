@@ -276,10 +276,19 @@ func writeConsumerTable(w io.Writer, rows []dispatcher.ConsumerStatus) error {
 		if s.FailedPosition != nil {
 			lastErr = fmt.Sprintf("#%d: %s", *s.FailedPosition, lastErr)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%d\t%d\t%s ago\t%s\n", s.Name, s.InstanceID, s.Status, s.Lag,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s ago\t%s\n", s.Name, s.InstanceID, s.Status, consumerLag(s),
 			s.Cursor, s.Attempts, s.EventsProcessed, consumerAge(s.HeartbeatAge), lastErr)
 	}
 	return tw.Flush()
+}
+
+// consumerLag renders a row's lag, "100000+" when counting stopped at the
+// cap.
+func consumerLag(s dispatcher.ConsumerStatus) string {
+	if s.LagCapped {
+		return fmt.Sprintf("%d+", s.Lag)
+	}
+	return fmt.Sprint(s.Lag)
 }
 
 // writeConsumerStatus prints one row as key: value lines and its dead
@@ -300,7 +309,7 @@ func writeConsumerStatus(w io.Writer, s dispatcher.ConsumerStatus) error {
 		{"status", status},
 		{"event types", types},
 		{"cursor", fmt.Sprintf("%s (position %d)", s.Cursor, s.Cursor.Position)},
-		{"lag", fmt.Sprint(s.Lag)},
+		{"lag", consumerLag(s)},
 		{"attempts", fmt.Sprint(s.Attempts)},
 	}
 	if s.FailedPosition != nil {
