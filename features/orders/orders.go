@@ -27,10 +27,12 @@ type Cancelled struct {
 }
 
 // PlaceInput is the payload of orders:write:place. The amount is capped
-// (ten billion in the currency's units) so that no client can overflow the
-// bigint sums of orders:order-totals: that projection is shared by every
-// tenant, and an upsert failing on one tenant's event would stop it for
-// all of them.
+// (ten billion in the currency's units) so that it fits the orders table's
+// bigint with room to spare. The cap alone does not protect the sums of
+// orders:order-totals (some 9.2 million capped orders of one customer would
+// overflow a bigint, and that projection is shared by every tenant: an
+// upsert failing on one tenant's event would stop it for all of them), so
+// their column is numeric.
 type PlaceInput struct {
 	Customer    string `json:"customer" validate:"required,max=200"`
 	AmountCents int64  `json:"amountCents" validate:"gte=0,lte=1000000000000"`

@@ -10,9 +10,12 @@ import (
 
 // Total is one customer's row of orders:query:totals.
 type Total struct {
-	Customer    string `json:"customer"`
-	Orders      int64  `json:"orders"`
-	AmountCents int64  `json:"amountCents"`
+	Customer string `json:"customer"`
+	Orders   int64  `json:"orders"`
+	// AmountCents is the sum of the customer's orders that are not
+	// cancelled. A sum beyond the int64 maximum (some 9.2 million orders
+	// at PlaceInput's cap) reads as that maximum.
+	AmountCents int64 `json:"amountCents"`
 }
 
 // TotalsInput is the (empty) payload of orders:query:totals.
@@ -20,6 +23,11 @@ type TotalsInput struct{}
 
 // registerTotals adds the order-totals projection (a table of order count
 // and amount per customer, cancelled orders subtracted) and its query.
+//
+// The projection is one consumer shared by every tenant: an event it fails
+// on stops it for all of them. Its amount column is numeric (migration
+// 00010), so no tenant's sum can overflow it, however many orders it
+// places.
 func registerTotals(f *framework.Feature, ft *Feature) {
 	p := framework.MultiStreamProjection(f, "order-totals", &framework.ProjectionOptions{Table: "order_totals"})
 	// Queue defers the upsert to the pass's next round trip: a pass of 500
@@ -46,7 +54,7 @@ func registerTotals(f *framework.Feature, ft *Feature) {
 	})
 
 	framework.Query(f, "totals", func(ctx context.Context, tx *framework.Tx, _ TotalsInput) ([]Total, error) {
-		rows, err := tx.Query(ctx, `SELECT customer, orders, amount_cents FROM order_totals ORDER BY customer`)
+		rows, err := tx.Query(ctx, `SELECT customer, orders, LEAST(amount_cents, 9223372036854775807)::bigint FROM order_totals ORDER BY customer`)
 		if err != nil {
 			return nil, err
 		}
