@@ -1,6 +1,8 @@
 package auth
 
 import (
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -192,7 +194,10 @@ func (k *Keyring) Mint(p Principal, ttl time.Duration) (string, error) {
 // otherwise the first key is used. exp is required; exp, nbf and iat are
 // checked with 30 seconds of leeway. sub and tenantId must be non-empty
 // strings, tenantId must not be [ReservedTenantID], and roles, when present,
-// must be an array of strings. Every failure wraps [ErrUnauthorized].
+// must be an array of strings. A payload that also holds a case variant of
+// one of these claims or of the registered ones (say "tenantid" beside
+// "tenantId") fails: the JSON decoder would take the last of them, other
+// readers of the token the exact one. Every failure wraps [ErrUnauthorized].
 func (k *Keyring) Verify(token string) (Principal, error) {
 	p, _, err := k.VerifyUntil(token)
 	return p, err
@@ -216,6 +221,9 @@ func (k *Keyring) VerifyUntil(token string) (Principal, time.Time, error) {
 		// Not %w: the jwt library's errors are not part of this API.
 		return Principal{}, time.Time{}, fmt.Errorf("%w: %s", ErrUnauthorized, err.Error())
 	}
+	if name, ok := caseVariantClaim(token); ok {
+		return Principal{}, time.Time{}, fmt.Errorf("%w: claim %q is a case variant of a claim Kumiko reads", ErrUnauthorized, name)
+	}
 	switch {
 	case c.Subject == "":
 		return Principal{}, time.Time{}, fmt.Errorf("%w: missing sub", ErrUnauthorized)
@@ -232,6 +240,39 @@ func (k *Keyring) VerifyUntil(token string) (Principal, time.Time, error) {
 	notAfter := c.ExpiresAt.Add(leeway)
 	k.verified.Add(token, verifiedToken{p: p.clone(), notAfter: notAfter})
 	return p, notAfter, nil
+}
+
+// readClaims are the payload's claims Verify reads, spelled exactly.
+var readClaims = []string{"sub", "tenantId", "roles", "exp", "nbf", "iat", "iss", "aud", "jti"}
+
+// caseVariantClaim reports a claim of the (signature-checked) token's
+// payload that is not spelled like one of readClaims but equal to it under
+// case folding. encoding/json, which decodes the claims, matches keys
+// case-insensitively (ſ and K included) and lets the last match win, so
+// "tenantid" after "tenantId" would choose the tenant, while every other
+// reader of the token (a browser client reading claims.tenantId, a
+// gateway) sees the first: a token of an issuer that lets users add claims
+// of their own could name any tenant, role or expiry. A payload that does
+// not decode as an object is reported too (it cannot have verified).
+func caseVariantClaim(token string) (string, bool) {
+	_, rest, _ := strings.Cut(token, ".")
+	seg, _, _ := strings.Cut(rest, ".")
+	raw, err := base64.RawURLEncoding.DecodeString(seg)
+	if err != nil {
+		return "", true
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return "", true
+	}
+	for name := range m {
+		for _, want := range readClaims {
+			if name != want && strings.EqualFold(name, want) {
+				return name, true
+			}
+		}
+	}
+	return "", false
 }
 
 // clone returns p with its own copy of the roles, so that a caller changing

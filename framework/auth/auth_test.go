@@ -1,9 +1,12 @@
 package auth_test
 
 import (
+	"crypto/hmac"
 	"crypto/rand"
 	"crypto/rsa"
+	"crypto/sha256"
 	"encoding/base64"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -495,4 +498,52 @@ func TestVerifyUntil(t *testing.T) {
 	_, until, err := kr.VerifyUntil("not-a-token")
 	require.ErrorIs(t, err, auth.ErrUnauthorized)
 	require.Zero(t, until)
+}
+
+// rawToken signs a payload given as JSON text, keys in the given order
+// (a MapClaims would sort them).
+func rawToken(t *testing.T, secret []byte, kid, payload string) string {
+	t.Helper()
+	hdr := `{"alg":"HS256","typ":"JWT"}`
+	if kid != "" {
+		hdr = `{"alg":"HS256","kid":"` + kid + `","typ":"JWT"}`
+	}
+	enc := base64.RawURLEncoding
+	signing := enc.EncodeToString([]byte(hdr)) + "." + enc.EncodeToString([]byte(payload))
+	mac := hmac.New(sha256.New, secret)
+	mac.Write([]byte(signing))
+	return signing + "." + enc.EncodeToString(mac.Sum(nil))
+}
+
+// TestCaseVariantClaimsRejected: encoding/json matches object keys to
+// struct fields case-insensitively (and folds ſ to s, K to k), the last
+// match winning, so a token whose payload holds "tenantId": "tenant-1"
+// and, after it, "tenantid": "tenant-2" would verify as tenant-2 while
+// every client reading claims.tenantId (the demo page, Kumiko's browser
+// clients, a gateway) takes it for tenant-1. An issuer that lets a user
+// add claims of their own would let that user pick a tenant, a role or an
+// expiry. Such a token is rejected.
+func TestCaseVariantClaimsRejected(t *testing.T) {
+	t.Parallel()
+	kr := newKeyring(t, auth.Key{ID: "k1", Secret: secret1})
+	now := time.Now()
+	base := fmt.Sprintf(`"sub":"user-1","tenantId":"tenant-1","roles":[],"iat":%d,"exp":%d`, now.Unix(), now.Add(time.Hour).Unix())
+
+	p, err := kr.Verify(rawToken(t, secret1, "k1", "{"+base+"}"))
+	require.NoError(t, err, "the plain token verifies")
+	require.Equal(t, "tenant-1", p.TenantID)
+
+	for _, extra := range []string{
+		`"tenantid":"tenant-2"`,
+		`"TENANTID":"tenant-2"`,
+		`"roleſ":["admin"]`,
+		`"Sub":"user-2"`,
+		fmt.Sprintf(`"EXP":%d`, now.Add(1000*time.Hour).Unix()),
+	} {
+		requireUnauthorized(t, kr, rawToken(t, secret1, "k1", "{"+base+","+extra+"}"))
+	}
+	// Claims of other names are no concern of the verifier.
+	p, err = kr.Verify(rawToken(t, secret1, "k1", "{"+base+`,"tenantName":"x","email":"a@b"}`))
+	require.NoError(t, err)
+	require.Equal(t, "tenant-1", p.TenantID)
 }
