@@ -225,12 +225,19 @@ func decodeEvent[T any](d *eventDef, env Envelope) (Event[T], error) {
 
 // UpcastPayload returns env's payload lifted to the current version of its
 // declared type (unchanged for undeclared types). SSE and other generic
-// readers use it.
-func (r *Registry) UpcastPayload(env Envelope) (json.RawMessage, error) {
+// readers use it. A panic of an upcaster is returned as an error: these
+// readers run outside the recovery of handlers and consumers (the SSE hub's
+// fan-out goroutine), where it would end the process.
+func (r *Registry) UpcastPayload(env Envelope) (_ json.RawMessage, err error) {
 	d := r.events[env.Type]
 	if d == nil {
 		return env.Payload, nil
 	}
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("kumiko: event %s at %d: upcaster panicked: %v", d.qualified, env.Position, v)
+		}
+	}()
 	return d.upcast(env)
 }
 
