@@ -373,44 +373,80 @@ func (h *Hub) fanout() {
 		h.mu.Lock()
 		batch, h.pending = h.pending, batch[:0]
 		h.space.Broadcast()
+		h.planLocked(batch, &scratch)
+		h.mu.Unlock()
+		// Encoding runs the application's upcasters: outside the lock, so
+		// that a slow one holds up neither Publish nor clients connecting
+		// and leaving.
+		h.encodeWanted(batch, &scratch)
+		h.mu.Lock()
 		h.deliverLocked(batch, &scratch)
 		h.mu.Unlock()
 		clear(batch)
+		clear(scratch.frames)
 	}
 }
 
 // fanScratch is fanout's reusable working memory.
 type fanScratch struct {
+	// frames holds the encoded frame of each wanted event of the batch
+	// (nil: nobody wanted it when the batch was planned).
 	frames   []*frame
 	byTenant map[string][]int
 	add      []*frame
 }
 
-// deliverLocked queues the batch's frames for the subscribers of each
-// event's tenant, in order, encoding each event once and only when someone
-// gets it.
-func (h *Hub) deliverLocked(batch []framework.Envelope, sc *fanScratch) {
+// planLocked finds the batch's events some subscriber wants: an empty
+// frame is allocated for each, to be encoded by encodeWanted, and byTenant
+// lists them by tenant. A client that subscribes later (before
+// deliverLocked) wants none of them: its position is at or after every
+// event of the batch, which was published before.
+func (h *Hub) planLocked(batch []framework.Envelope, sc *fanScratch) {
 	if sc.byTenant == nil {
 		sc.byTenant = map[string][]int{}
 	}
 	clear(sc.byTenant)
 	sc.frames = append(sc.frames[:0], make([]*frame, len(batch))...)
 	for i := range batch {
-		t := batch[i].TenantID
-		if len(h.tenants[t]) > 0 && h.streamable(&batch[i]) {
-			sc.byTenant[t] = append(sc.byTenant[t], i)
+		env := &batch[i]
+		t := env.TenantID
+		if len(h.tenants[t]) == 0 || !h.streamable(env) {
+			continue
 		}
+		for s := range h.tenants[t] {
+			if s.filter.Match(env.Type, env.StreamType) {
+				sc.frames[i] = &frame{cursor: env.Cursor()}
+				sc.byTenant[t] = append(sc.byTenant[t], i)
+				break
+			}
+		}
+	}
+}
+
+// encodeWanted encodes the events planLocked found wanted, each once.
+func (h *Hub) encodeWanted(batch []framework.Envelope, sc *fanScratch) {
+	for i, f := range sc.frames {
+		if f != nil {
+			f.data = h.encode(batch[i])
+		}
+	}
+}
+
+// deliverLocked queues the batch's encoded frames for the subscribers of
+// each event's tenant that are still connected, in order, skipping those
+// at or before a subscriber's position (a client that subscribed while the
+// batch was encoded).
+func (h *Hub) deliverLocked(batch []framework.Envelope, sc *fanScratch) {
+	if h.closed {
+		return
 	}
 	for tenant, idx := range sc.byTenant {
 		for s := range h.tenants[tenant] {
 			sc.add = sc.add[:0]
 			for _, i := range idx {
 				env := &batch[i]
-				if !s.filter.Match(env.Type, env.StreamType) {
+				if !s.from.Less(sc.frames[i].cursor) || !s.filter.Match(env.Type, env.StreamType) {
 					continue
-				}
-				if sc.frames[i] == nil {
-					sc.frames[i] = &frame{cursor: env.Cursor(), data: h.encode(*env)}
 				}
 				sc.add = append(sc.add, sc.frames[i])
 			}
@@ -419,7 +455,6 @@ func (h *Hub) deliverLocked(batch []framework.Envelope, sc *fanScratch) {
 			}
 		}
 	}
-	clear(sc.frames)
 	clear(sc.add)
 }
 
