@@ -58,7 +58,12 @@ func TestHubHammeredWhileClosing(t *testing.T) {
 					return
 				default:
 				}
-				ctx, cancel := context.WithTimeout(context.Background(), time.Duration(5+(i+j)%20)*time.Millisecond)
+				// Short streams, and some long enough to be served on a busy machine.
+				life := time.Duration(5+(i+j)%20) * time.Millisecond
+				if i%3 == 0 {
+					life *= 20
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), life)
 				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, b.url+sse.Path, nil)
 				req.Header.Set("Authorization", "Bearer "+tok)
 				resp, err := http.DefaultClient.Do(req)
