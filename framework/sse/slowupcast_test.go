@@ -79,7 +79,7 @@ func TestSlowUpcasterBlocksNoOne(t *testing.T) {
 	}()
 	select {
 	case <-done:
-	case <-time.After(3 * time.Second):
+	case <-time.After(10 * time.Second):
 		release()
 		<-done
 		t.Fatal("a slow upcaster held the hub's lock: Clients, Publish and new clients waited for it")
