@@ -185,20 +185,34 @@ type Event[T any] struct {
 	CreatedAt time.Time
 }
 
-// upcast lifts a stored payload to the definition's current version.
+// upcast lifts a stored payload to the definition's current version. An
+// upcaster's error or panic is returned as an error naming the event's type,
+// position and the version it failed on: a panic must not take down a
+// reader that has no one above it to recover (the SSE fan-out), and every
+// reader reports which stored event it could not read.
 func (d *eventDef) upcast(env Envelope) (json.RawMessage, error) {
 	payload := env.Payload
 	for v := max(env.TypeVersion, 1); v < d.version; v++ {
 		up := d.upcasters[v]
 		if up == nil {
-			return nil, fmt.Errorf("kumiko: event %s: no upcaster from version %d", d.qualified, v)
+			return nil, fmt.Errorf("kumiko: event %s at %d: no upcaster from version %d", d.qualified, env.Position, v)
 		}
 		var err error
-		if payload, err = up(payload); err != nil {
-			return nil, fmt.Errorf("kumiko: event %s: upcast from version %d: %w", d.qualified, v, err)
+		if payload, err = runUpcaster(up, payload); err != nil {
+			return nil, fmt.Errorf("kumiko: event %s at %d: upcast from version %d: %w", d.qualified, env.Position, v, err)
 		}
 	}
 	return payload, nil
+}
+
+// runUpcaster calls up, with a panic turned into an error.
+func runUpcaster(up Upcaster, payload json.RawMessage) (out json.RawMessage, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("upcaster panicked: %v", v)
+		}
+	}()
+	return up(payload)
 }
 
 func decodeEvent[T any](d *eventDef, env Envelope) (Event[T], error) {
@@ -228,16 +242,11 @@ func decodeEvent[T any](d *eventDef, env Envelope) (Event[T], error) {
 // readers use it. A panic of an upcaster is returned as an error: these
 // readers run outside the recovery of handlers and consumers (the SSE hub's
 // fan-out goroutine), where it would end the process.
-func (r *Registry) UpcastPayload(env Envelope) (_ json.RawMessage, err error) {
+func (r *Registry) UpcastPayload(env Envelope) (json.RawMessage, error) {
 	d := r.events[env.Type]
 	if d == nil {
 		return env.Payload, nil
 	}
-	defer func() {
-		if v := recover(); v != nil {
-			err = fmt.Errorf("kumiko: event %s at %d: upcaster panicked: %v", d.qualified, env.Position, v)
-		}
-	}()
 	return d.upcast(env)
 }
 

@@ -375,7 +375,38 @@ func TestUpcastersApplyOnRead(t *testing.T) {
 		_, _, err := agg.Load(ctx, tx, bad, framework.AsOf{})
 		return err
 	})
-	require.ErrorContains(t, err, "tx-test:event:person-named: upcast from version 1: version 1 without a name")
+	require.Regexp(t, `tx-test:event:person-named at \d+: upcast from version 1: version 1 without a name`, err,
+		"the error names the stored event's position")
+
+}
+
+// TestUpcasterPanicIsAnError: a panicking upcaster fails the read with an
+// error naming the event and its position, like an erring one; the panic
+// does not escape to the reader (the SSE fan-out has no one to recover it).
+func TestUpcasterPanicIsAnError(t *testing.T) {
+	t.Parallel()
+	var named framework.EventType[personV2]
+	agg := framework.NewAggregate[[]string]("person")
+	b := newRTBundle(t, func(r *framework.Registry, _ *orders.Feature) {
+		named = framework.DefineEvent[personV2](r.Feature("tx-test"), "person-named", &framework.EventOptions{
+			Version: 2,
+			Upcasters: map[int]framework.Upcaster{1: func(json.RawMessage) (json.RawMessage, error) {
+				var m map[string]any
+				return json.Marshal(personV2{FullName: m["name"].(string)})
+			}},
+		})
+		framework.Evolve(agg, named, func(s *[]string, e framework.Event[personV2]) { *s = append(*s, e.Payload.FullName) })
+	})
+	id := uuid.NewString()
+	ctx := t.Context()
+	_, err := eventstore.Append(ctx, b.db.Pool, eventstore.StreamRef{TenantID: "t1", Type: "person", ID: id}, eventstore.NoStream,
+		[]eventstore.NewEvent{{Type: named.Name(), TypeVersion: 1, Payload: json.RawMessage(`{}`)}})
+	require.NoError(t, err)
+	_, err = b.rt.InTx(ctx, "t1", framework.Metadata{}, func(ctx context.Context, tx *framework.Tx) error {
+		_, _, err := agg.Load(ctx, tx, id, framework.AsOf{})
+		return err
+	})
+	require.Regexp(t, `tx-test:event:person-named at \d+: upcast from version 1: upcaster panicked: interface conversion`, err)
 }
 
 // counted is the payload of tx-test:event:counted.

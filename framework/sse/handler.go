@@ -266,8 +266,10 @@ func (h *Hub) replay(ctx context.Context, tenant string, f Filter, after, upTo e
 			if !h.streamable(&env) || !f.Match(env.Type, env.StreamType) {
 				continue
 			}
-			frames = append(frames, h.encode(env))
-			last = env.Cursor()
+			if fr := h.encode(env); fr != nil {
+				frames = append(frames, fr)
+				last = env.Cursor()
+			}
 		}
 		if len(frames) > 0 {
 			if err := st.write(frames...); err != nil {

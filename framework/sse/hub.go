@@ -448,6 +448,9 @@ func (h *Hub) deliverLocked(batch []framework.Envelope, sc *fanScratch) {
 				if !s.from.Less(sc.frames[i].cursor) || !s.filter.Match(env.Type, env.StreamType) {
 					continue
 				}
+				if sc.frames[i].data == nil {
+					continue // cannot be upcast: not sent
+				}
 				sc.add = append(sc.add, sc.frames[i])
 			}
 			if len(sc.add) > 0 && !s.push(sc.add) {
@@ -573,12 +576,16 @@ func (h *Hub) streamable(env *framework.Envelope) bool {
 	return h.reg.HasEvent(env.Type) && !h.reg.InternalEvent(env.Type)
 }
 
-// encode renders env as one SSE frame: id, event and one data line.
+// encode renders env as one SSE frame: id, event and one data line. It
+// returns nil, and logs, when env's payload cannot be upcast to its type's
+// current version: like an undeclared type's, the stored payload has no
+// schema the clients know (and may carry fields the code dropped), so the
+// event is not sent.
 func (h *Hub) encode(env framework.Envelope) []byte {
 	payload, err := h.reg.UpcastPayload(env)
 	if err != nil {
-		h.log.Warn("sse upcast failed", "position", env.Position, "event_type", env.Type, "error", err)
-		payload = env.Payload
+		h.log.Error("sse: event not sent, its payload cannot be upcast", "position", env.Position, "event_type", env.Type, "error", err)
+		return nil
 	}
 	return encodeFrame(env, payload)
 }
