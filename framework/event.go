@@ -2,6 +2,7 @@ package framework
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"reflect"
 	"time"
@@ -17,6 +18,14 @@ type Upcaster func(payload json.RawMessage) (json.RawMessage, error)
 // MaxEventVersion is the largest payload schema version (the event log
 // stores it as an int4).
 const MaxEventVersion = eventstore.MaxTypeVersion
+
+// ErrNewerEventVersion is returned (wrapped) by every read of a stored event
+// whose schema version is above the one this code declares for its type:
+// a newer release wrote it (during a rolling deploy, or before a rollback),
+// and this code cannot know its shape, so it refuses the event rather than
+// decode it into the old payload type (a renamed field would read as its
+// zero value).
+var ErrNewerEventVersion = errors.New("event version newer than declared")
 
 // EventOptions tunes [DefineEvent]. A nil *EventOptions means the defaults.
 type EventOptions struct {
@@ -192,6 +201,10 @@ type Event[T any] struct {
 // reader reports which stored event it could not read.
 func (d *eventDef) upcast(env Envelope) (json.RawMessage, error) {
 	payload := env.Payload
+	if env.TypeVersion > d.version {
+		return nil, fmt.Errorf("kumiko: event %s at %d: stored at version %d, this code declares version %d: %w (a newer release wrote it)",
+			d.qualified, env.Position, env.TypeVersion, d.version, ErrNewerEventVersion)
+	}
 	for v := max(env.TypeVersion, 1); v < d.version; v++ {
 		up := d.upcasters[v]
 		if up == nil {

@@ -1034,3 +1034,50 @@ func TestEventMetadata(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, sys, readMeta(t))
 }
+
+// TestNewerEventVersionIsRefused: an event stored at a schema version above
+// the one this code declares (written by a newer release while this one
+// still runs, during a rolling deploy) cannot be read correctly by this
+// code: its payload is of a shape the code has never seen (a renamed field
+// decodes to its zero value). Every read refuses it with
+// ErrNewerEventVersion, naming the event, instead of folding a wrong state.
+func TestNewerEventVersionIsRefused(t *testing.T) {
+	t.Parallel()
+	var named framework.EventType[personV2]
+	agg := framework.NewAggregate[[]string]("person")
+	b := newRTBundle(t, func(r *framework.Registry, _ *orders.Feature) {
+		// This release knows version 1 only ("fullName"); the next one
+		// renamed the field to "displayName" and declared version 2.
+		named = framework.DefineEvent[personV2](r.Feature("tx-test"), "person-named", nil)
+		framework.Evolve(agg, named, func(s *[]string, e framework.Event[personV2]) { *s = append(*s, e.Payload.FullName) })
+	})
+	id := uuid.NewString()
+	ctx := t.Context()
+	_, err := eventstore.Append(ctx, b.db.Pool, eventstore.StreamRef{TenantID: "t1", Type: "person", ID: id}, eventstore.NoStream,
+		[]eventstore.NewEvent{{Type: named.Name(), TypeVersion: 2, Payload: json.RawMessage(`{"displayName":"Ada Lovelace"}`)}})
+	require.NoError(t, err)
+	_, err = b.rt.InTx(ctx, "t1", framework.Metadata{}, func(ctx context.Context, tx *framework.Tx) error {
+		names, _, err := agg.Load(ctx, tx, id, framework.AsOf{})
+		require.ErrorIs(t, err, framework.ErrNewerEventVersion, "folded %q", names)
+		require.Regexp(t, `tx-test:event:person-named at \d+: stored at version 2, this code declares version 1`, err)
+
+		envs, err := tx.ReadStream(ctx, agg.Stream(id), framework.AsOf{})
+		require.NoError(t, err)
+		_, _, err = named.Decode(envs[0])
+		require.ErrorIs(t, err, framework.ErrNewerEventVersion)
+		_, err = b.rt.Registry().UpcastPayload(envs[0])
+		require.ErrorIs(t, err, framework.ErrNewerEventVersion)
+		return nil
+	})
+	require.NoError(t, err)
+
+	// A write handler folding such a stream fails (500), and writes nothing.
+	order := uuid.NewString()
+	_, err = eventstore.Append(ctx, b.db.Pool, eventstore.StreamRef{TenantID: "t1", Type: orders.StreamType, ID: order}, eventstore.NoStream,
+		[]eventstore.NewEvent{{Type: b.orders.Placed.Name(), TypeVersion: 2, Payload: json.RawMessage(`{"order":{}}`)}})
+	require.NoError(t, err)
+	_, err = b.rt.Write(ctx, callAs("t1", "u1"), []framework.Command{command(t, "orders:write:cancel",
+		map[string]any{"orderId": order, "expectedVersion": 1})})
+	require.ErrorIs(t, err, framework.ErrNewerEventVersion)
+	require.Equal(t, framework.CodeInternal, framework.ToError(err).Code)
+}

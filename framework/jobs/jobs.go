@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"regexp"
@@ -364,6 +365,11 @@ func OnEvent[T any](f *framework.Feature, name string, ev framework.EventType[T]
 			return fmt.Errorf("jobs: %s: task carries no event: %w", jc.Job, SkipRetry)
 		}
 		e, ok, err := ev.Decode(w.Event.envelope(jc.TenantID))
+		if errors.Is(err, framework.ErrNewerEventVersion) {
+			// A newer release wrote the event; its workers can run the job,
+			// so retry rather than archive while the deploy completes.
+			return fmt.Errorf("jobs: %s: decode event %d: %w", jc.Job, w.Event.Position, err)
+		}
 		if err != nil {
 			return fmt.Errorf("jobs: %s: decode event %d: %w (%w)", jc.Job, w.Event.Position, err, SkipRetry)
 		}
