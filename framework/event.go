@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
+	"slices"
 	"time"
 
 	"github.com/kumiko-go/kumiko/framework/eventstore"
@@ -32,7 +34,9 @@ type EventOptions struct {
 	// Version is the current payload schema version. Defaults to 1.
 	Version int
 	// Upcasters maps a version v (1 <= v < Version) to the function that
-	// lifts a v payload to v+1. Every older version needs one.
+	// lifts a v payload to v+1. Every older version needs one, and a key
+	// outside 1..Version-1 (an upcaster added without bumping Version) is a
+	// registration problem.
 	Upcasters map[int]Upcaster
 	// PubSub marks a notification type that belongs to no aggregate's
 	// history; `kumiko events prune` deletes such types by default. Append
@@ -93,6 +97,18 @@ func DefineEvent[T any](f *Feature, name string, opts *EventOptions) EventType[T
 	for v := 1; v < def.version; v++ {
 		if def.upcasters[v] == nil {
 			f.reg.problem("event %s: version %d has no upcaster to %d", def.qualified, v, v+1)
+		}
+	}
+	// An upcaster no stored version can reach is a mistake, most often an
+	// upcaster added without bumping Version: the code would then append
+	// the new shape under the old version number, and once Version is
+	// bumped those rows would be upcast a second time.
+	for _, v := range slices.Sorted(maps.Keys(def.upcasters)) {
+		switch {
+		case v < 1:
+			f.reg.problem("event %s: upcaster from version %d: versions start at 1", def.qualified, v)
+		case v >= def.version:
+			f.reg.problem("event %s: upcaster from version %d, but the current version is %d (bump Version to %d)", def.qualified, v, def.version, v+1)
 		}
 	}
 	r := f.reg

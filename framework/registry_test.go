@@ -59,6 +59,11 @@ func TestBuildReportsEveryProblemAtOnce(t *testing.T) {
 	framework.DefineEvent[regPayload](shop, "half-evolved", &framework.EventOptions{
 		Version: 3, Upcasters: map[int]framework.Upcaster{1: regUpcast},
 	})
+	// An upcaster added without bumping Version: the new shape would be
+	// stored under the old version number and upcast again later.
+	framework.DefineEvent[regPayload](shop, "unbumped", &framework.EventOptions{
+		Version: 2, Upcasters: map[int]framework.Upcaster{1: regUpcast, 2: regUpcast, 0: regUpcast},
+	})
 
 	framework.Write(shop, "place", regWrite, nil)
 	framework.Write(shop, "place", regWrite, nil)
@@ -91,6 +96,8 @@ func TestBuildReportsEveryProblemAtOnce(t *testing.T) {
 		`kumiko: event shop:event:evolved: version 2 has no upcaster to 3`,
 		`kumiko: event shop:event:far-evolved: version 2147483648 is above the largest, 2147483647`,
 		`kumiko: event shop:event:half-evolved: version 2 has no upcaster to 3`,
+		`kumiko: event shop:event:unbumped: upcaster from version 0: versions start at 1`,
+		`kumiko: event shop:event:unbumped: upcaster from version 2, but the current version is 2 (bump Version to 3)`,
 		`kumiko: write shop:write:place registered twice`,
 		`kumiko: write name "placeOrder" of feature "shop" is not kebab-case`,
 		`kumiko: write shop:write:nil-write has a nil handler`,
