@@ -27,6 +27,7 @@ import (
 	"github.com/kumiko-go/kumiko/framework/auth"
 	"github.com/kumiko-go/kumiko/framework/dispatcher"
 	"github.com/kumiko-go/kumiko/framework/eventstore"
+	"github.com/kumiko-go/kumiko/framework/migrate"
 	"github.com/kumiko-go/kumiko/framework/sse"
 	"github.com/kumiko-go/kumiko/framework/web"
 	"github.com/kumiko-go/kumiko/internal/retry"
@@ -83,6 +84,9 @@ type App struct {
 	log        *slog.Logger
 	instanceID string
 	migrations fs.FS
+	// migrated opens once the migrations are applied; the dispatcher and
+	// the job runner wait for it.
+	migrated migrationGate
 
 	pool     *pgxpool.Pool
 	readPool *pgxpool.Pool
@@ -388,6 +392,9 @@ func (a *App) Serve(ctx context.Context, ln net.Listener) error {
 	wg.Go(func() { a.runCacheGuard(workCtx) })
 	if a.disp != nil {
 		wg.Go(func() {
+			if !a.migrated.wait(workCtx) {
+				return
+			}
 			// The hub's position must be set before its consumer's first
 			// pass (see sse.Hub.Prime).
 			if a.hub != nil && !a.primeHub(workCtx) {
@@ -399,6 +406,9 @@ func (a *App) Serve(ctx context.Context, ln net.Listener) error {
 		})
 	}
 	// Jobs (entrypoint/jobs.go): admin API, asynq lanes, cron scheduler.
+	if a.disp != nil || a.jobs != nil {
+		wg.Go(func() { a.migrated.run(workCtx, a.pool, a.migrations, a.log) })
+	}
 	a.runJobs(workCtx, &wg, errc)
 	wg.Go(func() {
 		if err := a.httpSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -543,4 +553,63 @@ func randomID() string {
 	b := make([]byte, 8)
 	_, _ = rand.Read(b)
 	return "kumiko-" + hex.EncodeToString(b)
+}
+
+// migrationInterval is how often a process whose migrations are pending
+// checks them again.
+const migrationInterval = time.Second
+
+// migrationGate holds the consumers and job handlers of a process back
+// until every migration of its set is applied: a release's projections and
+// jobs may need its tables and columns, and run against the schema before
+// its migrations every pass fails, counts an attempt, and a projection ends
+// dead (and stays dead after the migration) within its MaxAttempts. Code on
+// a schema newer than its own is not held: it knows none of the newer
+// migrations.
+type migrationGate struct {
+	once sync.Once
+	done chan struct{}
+}
+
+func (g *migrationGate) ch() chan struct{} {
+	g.once.Do(func() { g.done = make(chan struct{}) })
+	return g.done
+}
+
+// run checks the migrations until they are all applied, logging a warning
+// that names the pending one (once, and again when another is pending),
+// then opens the gate.
+func (g *migrationGate) run(ctx context.Context, pool *pgxpool.Pool, set fs.FS, log *slog.Logger) {
+	var warned string
+	for {
+		cctx, cancel := context.WithTimeout(ctx, readyBudget)
+		err := migrate.Check(cctx, pool, set)
+		cancel()
+		if err == nil {
+			if warned != "" {
+				log.Info("migrations applied: consumers and jobs start")
+			}
+			close(g.ch())
+			return
+		}
+		if msg := err.Error(); msg != warned && ctx.Err() == nil {
+			log.Warn("consumers and jobs wait for the migrations: run kumiko migrate", "error", msg)
+			warned = msg
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(migrationInterval):
+		}
+	}
+}
+
+// wait blocks until the gate opens (true) or ctx ends (false).
+func (g *migrationGate) wait(ctx context.Context) bool {
+	select {
+	case <-g.ch():
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }

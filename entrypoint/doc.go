@@ -48,7 +48,10 @@
 // writes, then every Options.EventLogCheckInterval and by each readiness
 // probe), writes are paused with 503 unavailable, since an event appended
 // then would never be delivered; they stay paused, too, until a first check
-// has answered. GET /metrics serves the process's Prometheus registry
+// has answered. While migrations of Options.Migrations are pending, the
+// dispatcher and the job runner do not start (they would run the release's
+// handlers against the old schema); the process checks every second and
+// starts them once `kumiko migrate` has run. GET /metrics serves the process's Prometheus registry
 // (Go and process collectors, HTTP, dispatcher, SSE, jobs metrics). A worker
 // serves the three on WORKER_HTTP_ADDR.
 package entrypoint

@@ -112,6 +112,9 @@ func (a *App) runJobs(ctx context.Context, wg *sync.WaitGroup, errc chan<- error
 		a.mountJobsAdmin(a.web)
 	}
 	wg.Go(func() {
+		if !a.migrated.wait(ctx) {
+			return
+		}
 		if err := a.jobs.runner.Run(ctx); err != nil {
 			select {
 			case errc <- err:

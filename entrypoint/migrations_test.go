@@ -1,0 +1,91 @@
+package entrypoint_test
+
+import (
+	"context"
+	"io/fs"
+	"log/slog"
+	"strings"
+	"testing"
+	"testing/fstest"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kumiko-go/kumiko/entrypoint"
+	"github.com/kumiko-go/kumiko/framework"
+	"github.com/kumiko-go/kumiko/framework/eventstore"
+	"github.com/kumiko-go/kumiko/framework/kumikotest"
+	"github.com/kumiko-go/kumiko/framework/migrate"
+	"github.com/kumiko-go/kumiko/migrations"
+)
+
+// TestConsumersWaitForPendingMigrations: a release whose projection writes
+// a table that its own migration creates, started before that migration ran
+// (`kumiko migrate` not run yet, or still running), must not run the
+// projection against the old schema: every pass would fail on the missing
+// table, and after MaxAttempts (about 80 s with the defaults) the
+// projection would be dead, staying dead after the migration until an
+// operator restarts it. The process's consumers wait until the migrations
+// are applied, then deliver.
+func TestConsumersWaitForPendingMigrations(t *testing.T) {
+	t.Parallel()
+	db := kumikotest.NewDB(t)
+	ctx := context.Background()
+	set := fstest.MapFS{}
+	require.NoError(t, fs.WalkDir(migrations.FS, ".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".sql") {
+			return err
+		}
+		b, err := fs.ReadFile(migrations.FS, path)
+		set[path] = &fstest.MapFile{Data: b}
+		return err
+	}))
+	set["00099_release_table.sql"] = &fstest.MapFile{Data: []byte(`-- +goose Up
+CREATE TABLE release_log (tenant_id text NOT NULL, n int NOT NULL);
+SELECT kumiko_enable_tenancy('release_log');
+-- +goose Down
+DROP TABLE release_log;
+`)}
+
+	type noted struct {
+		N int `json:"n"`
+	}
+	register := func(r *framework.Registry) {
+		f := r.Feature("release")
+		ev := framework.DefineEvent[noted](f, "noted", nil)
+		p := framework.MultiStreamProjection(f, "log", &framework.ProjectionOptions{Table: "release_log"})
+		framework.On(p, ev, func(ctx context.Context, tx *framework.Tx, e framework.Event[noted]) error {
+			_, err := tx.Exec(ctx, `INSERT INTO release_log (tenant_id, n) VALUES ($1, $2)`, e.TenantID, e.Payload.N)
+			return err
+		})
+	}
+	_, err := eventstore.Append(ctx, db.Pool, eventstore.StreamRef{TenantID: "acme", Type: "s", ID: "1"}, eventstore.NoStream,
+		[]eventstore.NewEvent{{Type: "release:event:noted", TypeVersion: 1, Payload: []byte(`{"n":7}`)}})
+	require.NoError(t, err)
+
+	logs := &syncBuffer{}
+	cfg := newConfig(t, map[string]string{"APP_MODE": "worker", "DATABASE_URL": db.URL, "KUMIKO_DISPATCHER_POLL_INTERVAL_MS": "20"})
+	serve(t, entrypoint.Options{Config: cfg, Register: register, Migrations: set,
+		Logger: slog.New(slog.NewJSONHandler(logs, nil))})
+
+	time.Sleep(2 * time.Second) // passes would have failed by now
+	var failures int
+	require.NoError(t, db.Pool.QueryRow(ctx,
+		`SELECT count(*) FROM event_consumers WHERE name = 'release:log' AND (attempts > 0 OR last_error IS NOT NULL)`).Scan(&failures))
+	require.Zero(t, failures, "the projection ran against the unmigrated schema; logs:\n%s", logs.String())
+	require.Contains(t, logs.String(), "00099_release_table.sql", "a warning names the pending migration")
+
+	deadline := time.Now().Add(wait)
+	_, err = migrate.Up(ctx, db.Pool, set, nil)
+	require.NoError(t, err)
+	for {
+		var n int
+		err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM release_log WHERE n = 7`).Scan(&n)
+		require.NoError(t, err)
+		if n == 1 {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the projection did not deliver after the migration; logs:\n%s", logs.String())
+		time.Sleep(20 * time.Millisecond)
+	}
+}
