@@ -93,6 +93,15 @@ func (h *maintenance) migrateUp(c echo.Context) error {
 		return web.WriteError(c, err)
 	}
 	applied, err := migrate.Apply(c.Request().Context(), h.pool, h.fsys, nil)
+	if fe, ok := errors.AsType[*migrate.FailedError](err); ok {
+		// The operator's to fix, as the CLI says: which migration, why, and
+		// what this run applied before it. Typed here, so that the database
+		// error inside (a NOT NULL or unique violation on existing rows) is
+		// not read as the client's payload's fault.
+		return web.WriteError(c, &framework.Error{Code: framework.CodeConflict, Message: fe.Error(), Err: err,
+			Details: map[string]any{"reason": "migration_failed", "failed": migrationsJSON([]migrate.Status{fe.Failed})[0],
+				"applied": migrationsJSON(fe.Applied), "error": fe.Err.Error()}})
+	}
 	if err != nil {
 		return web.WriteError(c, err)
 	}

@@ -65,7 +65,8 @@ func Up(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS, logger *slog.Logger
 
 // Apply is [Up] that returns the migrations it applied, in order (none
 // when nothing was pending). On failure it returns those applied before
-// the failing one together with the error. logger may be nil.
+// the failing one together with the error, a *[FailedError] when a
+// migration failed. logger may be nil.
 func Apply(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS, logger *slog.Logger) ([]Status, error) {
 	p, closeDB, err := newProvider(pool, fsys, logger, true)
 	if err != nil {
@@ -81,11 +82,35 @@ func Apply(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS, logger *slog.Log
 	for _, r := range res {
 		out = append(out, Status{Version: r.Source.Version, Name: r.Source.Path, Applied: true})
 	}
+	if pe != nil && pe.Failed != nil && pe.Failed.Source != nil {
+		return out, &FailedError{Applied: out, Failed: Status{Version: pe.Failed.Source.Version, Name: pe.Failed.Source.Path}, Err: pe.Err}
+	}
 	if err != nil {
 		return out, fmt.Errorf("migrate: up: %w", err)
 	}
 	return out, nil
 }
+
+// FailedError is [Apply]'s error when a migration failed: the database
+// holds the migrations applied before it, and nothing of the failed one
+// (each runs in its own transaction, unless it is marked "+goose NO
+// TRANSACTION"); it stays pending.
+type FailedError struct {
+	// Applied are the migrations this run applied before the failure.
+	Applied []Status
+	// Failed is the migration that failed.
+	Failed Status
+	// Err is its error (the database's, for an SQL migration).
+	Err error
+}
+
+// Error names the failed migration, its error and how many were applied.
+func (e *FailedError) Error() string {
+	return fmt.Sprintf("migrate: up: migration %s failed (%d applied before it): %v", e.Failed.Name, len(e.Applied), e.Err)
+}
+
+// Unwrap returns the migration's error.
+func (e *FailedError) Unwrap() error { return e.Err }
 
 // List reports the state of every migration of fsys (nil means Kumiko's
 // embedded migrations). It does not wait for a migration that is running:
