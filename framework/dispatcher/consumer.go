@@ -36,8 +36,10 @@ type Consumer struct {
 	// as Redis is unreachable): the event is retried with backoff, but the
 	// failure does not count toward MaxAttempts and is never dead-lettered
 	// (not even with SkipApplyErrors), so the consumer never turns dead for
-	// it; the cursor waits until the error clears. Defaults to nil (no
-	// error is transient).
+	// it; the cursor waits until the error clears. An event stored at a
+	// newer schema version than this code declares
+	// ([framework.ErrNewerEventVersion]) is always transient. Defaults to
+	// nil (no other error is transient).
 	Transient func(error) bool
 	// BatchSize is the number of events per pass. Defaults to the
 	// dispatcher's batch size.

@@ -891,7 +891,11 @@ func (d *Dispatcher) attempt(ctx context.Context, conn *pgx.Conn, c *consumerRun
 	if len(apply) > 0 {
 		cur = apply[len(apply)-1].Cursor()
 	}
-	transient := f != nil && c.Transient != nil && c.Transient(f.err)
+	// An event of a newer schema version than this code declares is the
+	// newer release's to handle: it waits for that code (the cursor stays,
+	// no attempt is counted, nothing is dead-lettered) rather than killing
+	// the consumer or being skipped past for good.
+	transient := f != nil && (errors.Is(f.err, framework.ErrNewerEventVersion) || c.Transient != nil && c.Transient(f.err))
 	moved := true // the commit moves the cursor to cur
 	switch {
 	case f == nil:

@@ -538,6 +538,12 @@ func (r *run) apply(ctx context.Context, tx *framework.Tx, env framework.Envelop
 	}
 	r.last = env.Cursor()
 	if err := r.p.Apply(ctx, tx, env); err != nil {
+		if errors.Is(err, framework.ErrNewerEventVersion) {
+			// A live consumer waits for the newer code (the dispatcher
+			// retries such an event without end); a rebuild cannot, and a
+			// table built without the event would be wrong.
+			return r.abort(fmt.Errorf("rebuild: %s: %w", r.p.Name(), err))
+		}
 		return err
 	}
 	if tx.HasPending() || tx.Written() > 0 {
