@@ -222,12 +222,17 @@ func (s *Set) DispatchTx(ctx context.Context, tx *framework.Tx, name string, pay
 	return tx.Append(stream, framework.NoStream, ev.With(Dispatched{Job: name, Payload: raw, Key: opts.Key}))
 }
 
-// asynqTimeout is the timeout a job's tasks carry: asynq keeps it in whole
-// seconds (it truncates, and reads 0 as its 30 minute default), so it is
-// rounded up. The handler bounds the run by the job's exact Timeout
-// itself, which ends first.
+// asynqTimeout is the timeout a job's tasks carry: the job's Timeout plus
+// twice [timeoutGrace], rounded up to whole seconds (asynq keeps it in
+// whole seconds: it truncates, and reads 0 as its 30 minute default). The
+// handler bounds the run by the job's exact Timeout itself and returns at
+// most timeoutGrace after it, so its error reaches asynq before asynq's
+// own deadline does. (asynq decides on its deadline without the
+// handler's error: it would retry a run whose last allowed attempt timed
+// out on the attempt kept for a dead worker, see crashReserve.)
 func asynqTimeout(d time.Duration) time.Duration {
-	return max(time.Second, (d+time.Second-1)/time.Second*time.Second)
+	d += 2 * timeoutGrace
+	return (d + time.Second - 1) / time.Second * time.Second
 }
 
 // taken says why an enqueue added no run.

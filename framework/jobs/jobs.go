@@ -62,7 +62,9 @@ type Options struct {
 	// [DefaultBackoff].
 	Backoff func(attempt int) time.Duration
 	// Timeout bounds one run; the run's context ends when it passes and the
-	// run counts as failed. Defaults to 30 minutes.
+	// run counts as failed. A handler that has not returned a second
+	// later is abandoned (left running in its goroutine). Defaults to 30
+	// minutes.
 	Timeout time.Duration
 	// Unique, when at least one second, makes an enqueue a no-op while
 	// another run of the same job with the same payload and tenant is

@@ -364,11 +364,54 @@ func (r *Runner) handler(lane framework.RunIn, j *Job) asynq.HandlerFunc {
 			r.finish(jc, start, err)
 		}()
 		jc.CorrelationID = cmp.Or(jc.CorrelationID, jc.TaskID)
-		// asynq bounds the run in whole seconds (see asynqTimeout); the
-		// job's Timeout is exact.
-		rctx, cancel := context.WithTimeout(ctx, j.opts.Timeout)
-		defer cancel()
-		return j.run(rctx, jc, t.Payload())
+		var overran bool
+		jc, overran, err = r.bounded(ctx, j, jc, t.Payload())
+		if overran {
+			r.log.Warn("job still running past its timeout; abandoned", r.attrs(jc, start)...)
+		}
+		return err
+	}
+}
+
+// timeoutGrace is how long a run may take to return after its Timeout
+// ended its context before the runner stops waiting for it (see
+// [Runner.bounded] and asynqTimeout).
+const timeoutGrace = time.Second
+
+// bounded runs j's handler within the job's exact Timeout. A handler that
+// has not returned timeoutGrace after its context ended is abandoned (it
+// goes on in its goroutine, as asynq leaves it at its own deadline): the
+// run fails with the context's error and overran is set, and the returned
+// Context is a copy of what the runner set (the handler may still write
+// jc). Waiting for it would let asynq's deadline pass first, which asynq
+// answers on its own (retrying a last attempt on the crash reserve). A
+// panic in the handler is returned as an error.
+func (r *Runner) bounded(ctx context.Context, j *Job, jc *Context, payload []byte) (_ *Context, overran bool, _ error) {
+	rctx, cancel := context.WithTimeout(ctx, j.opts.Timeout)
+	defer cancel()
+	snap := &Context{Job: jc.Job, TaskID: jc.TaskID, Lane: jc.Lane, UserID: jc.UserID, CorrelationID: jc.CorrelationID,
+		CausationID: jc.CausationID, Retry: jc.Retry, MaxRetry: jc.MaxRetry}
+	res := make(chan error, 1)
+	go func() {
+		defer func() {
+			if v := recover(); v != nil {
+				res <- fmt.Errorf("jobs: %s: panic: %v", j.name, v)
+			}
+		}()
+		res <- j.run(rctx, jc, payload)
+	}()
+	select {
+	case err := <-res:
+		return jc, false, err
+	case <-rctx.Done():
+	}
+	grace := time.NewTimer(timeoutGrace)
+	defer grace.Stop()
+	select {
+	case err := <-res:
+		return jc, false, err
+	case <-grace.C:
+		return snap, true, fmt.Errorf("jobs: %s: run did not return within %s of its end: %w", j.name, timeoutGrace, rctx.Err())
 	}
 }
 
