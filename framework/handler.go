@@ -150,7 +150,10 @@ func Query[In, Out any](f *Feature, name string, h QueryHandler[In, Out], opts *
 		return in, nil
 	}
 	def.run = func(ctx context.Context, tx *Tx, in any) (any, error) {
-		return h(ctx, tx, in.(In))
+		// Not in.(In): an interface In (any) decodes an absent or null
+		// payload to the nil interface, which that assertion panics on.
+		v, _ := in.(In)
+		return h(ctx, tx, v)
 	}
 	r := f.reg
 	r.mu.Lock()

@@ -114,7 +114,9 @@ func CacheBy[In any](ttl time.Duration, key func(in In) string, invalidatedBy ..
 	}
 	c := &QueryCache{in: reflect.TypeFor[In](), ttl: ttl, invalidations: invalidatedBy}
 	if key != nil {
-		c.key = func(in any) string { return key(in.(In)) }
+		// Not in.(In): an interface In decodes an absent or null payload
+		// to the nil interface, which that assertion panics on.
+		c.key = func(in any) string { v, _ := in.(In); return key(v) }
 	}
 	return c
 }

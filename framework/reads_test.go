@@ -192,3 +192,35 @@ func TestBadQueryPayloadReachesNoDatabase(t *testing.T) {
 	require.Equal(t, "o-1", out)
 	require.Equal(t, []string{"0/16B3748"}, router.tokens)
 }
+
+// TestQueryOfAnInterfaceInputWithoutPayload: a query whose input type is
+// an interface (any: the handler reads whatever JSON it is sent) gets the
+// nil interface for an absent or null payload, as it did before the
+// payload was decoded ahead of the connection; the decoded input passed
+// through an any and a type assertion to In, which panics on a nil
+// interface, so such a query panicked for every call without a payload.
+func TestQueryOfAnInterfaceInputWithoutPayload(t *testing.T) {
+	t.Parallel()
+	db := kumikotest.NewDB(t)
+	reg := framework.NewRegistry()
+	f := reg.Feature("loose")
+	framework.Query(f, "echo", func(ctx context.Context, tx *framework.Tx, in any) (string, error) {
+		return fmt.Sprint(in), nil
+	}, nil)
+	rt, err := framework.NewRuntime(reg, db.Pool, nil)
+	require.NoError(t, err)
+	call := framework.Call{Principal: framework.Principal{UserID: "u", TenantID: "acme"}}
+	for _, typ := range []string{"loose:query:echo"} {
+		for _, payload := range []string{``, `null`} {
+			var out any
+			require.NotPanics(t, func() {
+				out, err = rt.Query(t.Context(), call, framework.Command{Type: typ, Payload: json.RawMessage(payload)})
+			}, "%s with payload %q", typ, payload)
+			require.NoError(t, err)
+			require.Equal(t, "<nil>", out)
+		}
+		out, err := rt.Query(t.Context(), call, framework.Command{Type: typ, Payload: json.RawMessage(`{"a":1}`)})
+		require.NoError(t, err)
+		require.Equal(t, "map[a:1]", out)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -546,4 +547,29 @@ func TestCallersDeadlineIsNoRedisFailure(t *testing.T) {
 	v, _, err := c.Lookup(t.Context(), "acme", "q", "k")
 	require.NoError(t, err, "no cooldown")
 	require.Equal(t, `"v"`, string(v))
+}
+
+// TestCachedQueryOfAnInterfaceInputWithoutPayload: the key function of a
+// cached query whose input type is an interface (any) gets the nil
+// interface for an absent or null payload; CacheBy asserted the input to
+// In, which panics on a nil interface, so every such call panicked.
+func TestCachedQueryOfAnInterfaceInputWithoutPayload(t *testing.T) {
+	t.Parallel()
+	db := kumikotest.NewDB(t)
+	reg := framework.NewRegistry()
+	framework.Query(reg.Feature("loose"), "cached", func(ctx context.Context, tx *framework.Tx, in any) (string, error) {
+		return fmt.Sprint(in), nil
+	}, &framework.QueryOptions{Cache: framework.CacheBy(time.Minute, func(in any) string { return fmt.Sprint(in) })})
+	c, err := cache.New(redistest.Shared(t), &cache.Config{Prefix: "kumiko-test:cache:" + randomHex(6), Metrics: prometheus.NewRegistry()})
+	require.NoError(t, err)
+	rt, err := framework.NewRuntime(reg, db.Pool, &framework.RuntimeConfig{QueryCache: c})
+	require.NoError(t, err)
+	for _, payload := range []string{``, `null`, `null`} {
+		var out any
+		require.NotPanics(t, func() {
+			out, err = rt.Query(t.Context(), call("acme"), framework.Command{Type: "loose:query:cached", Payload: json.RawMessage(payload)})
+		}, "payload %q", payload)
+		require.NoError(t, err)
+		require.Equal(t, "<nil>", out)
+	}
 }
