@@ -1,6 +1,7 @@
 package auth
 
 import (
+	"bytes"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -194,10 +195,10 @@ func (k *Keyring) Mint(p Principal, ttl time.Duration) (string, error) {
 // otherwise the first key is used. exp is required; exp, nbf and iat are
 // checked with 30 seconds of leeway. sub and tenantId must be non-empty
 // strings, tenantId must not be [ReservedTenantID], and roles, when present,
-// must be an array of strings. A payload that also holds a case variant of
-// one of these claims or of the registered ones (say "tenantid" beside
-// "tenantId") fails: the JSON decoder would take the last of them, other
-// readers of the token the exact one. Every failure wraps [ErrUnauthorized].
+// must be an array of strings. A payload that holds one of these claims or
+// of the registered ones twice, also in another case (say "tenantid" beside
+// "tenantId"), fails: the JSON decoder would take the last of them, other
+// readers of the token maybe another. Every failure wraps [ErrUnauthorized].
 func (k *Keyring) Verify(token string) (Principal, error) {
 	p, _, err := k.VerifyUntil(token)
 	return p, err
@@ -222,7 +223,7 @@ func (k *Keyring) VerifyUntil(token string) (Principal, time.Time, error) {
 		return Principal{}, time.Time{}, fmt.Errorf("%w: %s", ErrUnauthorized, err.Error())
 	}
 	if name, ok := caseVariantClaim(token); ok {
-		return Principal{}, time.Time{}, fmt.Errorf("%w: claim %q is a case variant of a claim Kumiko reads", ErrUnauthorized, name)
+		return Principal{}, time.Time{}, fmt.Errorf("%w: claim %q repeats a claim Kumiko reads (or a case variant of it)", ErrUnauthorized, name)
 	}
 	switch {
 	case c.Subject == "":
@@ -246,14 +247,16 @@ func (k *Keyring) VerifyUntil(token string) (Principal, time.Time, error) {
 var readClaims = []string{"sub", "tenantId", "roles", "exp", "nbf", "iat", "iss", "aud", "jti"}
 
 // caseVariantClaim reports a claim of the (signature-checked) token's
-// payload that is not spelled like one of readClaims but equal to it under
-// case folding. encoding/json, which decodes the claims, matches keys
-// case-insensitively (ſ and K included) and lets the last match win, so
-// "tenantid" after "tenantId" would choose the tenant, while every other
-// reader of the token (a browser client reading claims.tenantId, a
-// gateway) sees the first: a token of an issuer that lets users add claims
-// of their own could name any tenant, role or expiry. A payload that does
-// not decode as an object is reported too (it cannot have verified).
+// payload that appears more than once when case is folded: twice, or
+// beside a variant spelling (one of readClaims). encoding/json, which
+// decodes the claims, matches keys case-insensitively (ſ and K included)
+// and lets the last match win, so "tenantid" after "tenantId" would choose
+// the tenant, while other readers of the token (a browser client reading
+// claims.tenantId, a gateway) may take another: a token of an issuer that
+// lets users add claims of their own could name any tenant, role or
+// expiry. A lone variant ("TenantId") is no ambiguity and passes, as
+// before. A payload that does not decode as an object is reported too (it
+// cannot have verified).
 func caseVariantClaim(token string) (string, bool) {
 	_, rest, _ := strings.Cut(token, ".")
 	seg, _, _ := strings.Cut(rest, ".")
@@ -261,15 +264,27 @@ func caseVariantClaim(token string) (string, bool) {
 	if err != nil {
 		return "", true
 	}
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &m); err != nil {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
 		return "", true
 	}
-	for name := range m {
+	seen := make(map[string]int, len(readClaims))
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return "", true
+		}
+		name, _ := tok.(string)
 		for _, want := range readClaims {
-			if name != want && strings.EqualFold(name, want) {
-				return name, true
+			if strings.EqualFold(name, want) {
+				if seen[want]++; seen[want] > 1 {
+					return name, true
+				}
 			}
+		}
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return "", true
 		}
 	}
 	return "", false

@@ -542,6 +542,12 @@ func TestCaseVariantClaimsRejected(t *testing.T) {
 	} {
 		requireUnauthorized(t, kr, rawToken(t, secret1, "k1", "{"+base+","+extra+"}"))
 	}
+	// The same claim twice: which one a reader takes depends on the reader.
+	requireUnauthorized(t, kr, rawToken(t, secret1, "k1", "{"+base+`,"tenantId":"tenant-2"}`))
+	// A lone variant spelling is no ambiguity: it verifies, as it did.
+	p, err = kr.Verify(rawToken(t, secret1, "k1", fmt.Sprintf(`{"sub":"user-1","TenantId":"tenant-3","roles":[],"exp":%d}`, now.Add(time.Hour).Unix())))
+	require.NoError(t, err)
+	require.Equal(t, "tenant-3", p.TenantID)
 	// Claims of other names are no concern of the verifier.
 	p, err = kr.Verify(rawToken(t, secret1, "k1", "{"+base+`,"tenantName":"x","email":"a@b"}`))
 	require.NoError(t, err)
