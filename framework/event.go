@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"path/filepath"
 	"reflect"
+	"runtime"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/kumiko-go/kumiko/framework/eventstore"
@@ -234,14 +237,39 @@ func (d *eventDef) upcast(env Envelope) (json.RawMessage, error) {
 	return payload, nil
 }
 
-// runUpcaster calls up, with a panic turned into an error.
+// runUpcaster calls up, with a panic turned into an error that names where
+// it panicked: recovering here drops the stack that the dispatcher's and
+// the HTTP server's own recovery would have logged.
 func runUpcaster(up Upcaster, payload json.RawMessage) (out json.RawMessage, err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			err = fmt.Errorf("upcaster panicked: %v", v)
+			err = fmt.Errorf("upcaster panicked%s: %v", panicSite(), v)
 		}
 	}()
 	return up(payload)
+}
+
+// panicSite returns " at function (file.go:line)" of the code that
+// panicked, for a deferred function that recovered the panic; "" when the
+// stack does not show it.
+func panicSite() string {
+	var pcs [64]uintptr
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(2, pcs[:])])
+	panicking := false
+	for {
+		f, more := frames.Next()
+		switch {
+		case f.Function == "runtime.gopanic":
+			panicking = true
+		case panicking && !strings.HasPrefix(f.Function, "runtime."):
+			// The first frame below the runtime's panic machinery
+			// (gopanic, and sigpanic or panicIndex and the like).
+			return fmt.Sprintf(" at %s (%s:%d)", f.Function, filepath.Base(f.File), f.Line)
+		}
+		if !more {
+			return ""
+		}
+	}
 }
 
 func decodeEvent[T any](d *eventDef, env Envelope) (Event[T], error) {
