@@ -382,8 +382,8 @@ const timeoutGrace = time.Second
 // has not returned timeoutGrace after its context ended is abandoned (it
 // goes on in its goroutine, as asynq leaves it at its own deadline): the
 // run fails with the context's error and overran is set, and the returned
-// Context is a copy of what the runner set (the handler may still write
-// jc). Waiting for it would let asynq's deadline pass first, which asynq
+// Context is a copy of what the runner set, with the task's tenant (the
+// handler may still write jc). Waiting for it would let asynq's deadline pass first, which asynq
 // answers on its own (retrying a last attempt on the crash reserve). A
 // panic in the handler is returned as an error.
 func (r *Runner) bounded(ctx context.Context, j *Job, jc *Context, payload []byte) (_ *Context, overran bool, _ error) {
@@ -411,6 +411,13 @@ func (r *Runner) bounded(ctx context.Context, j *Job, jc *Context, payload []byt
 	case err := <-res:
 		return jc, false, err
 	case <-grace.C:
+		// The handler set the tenant on jc from the payload, which the
+		// copy, taken before, lacks; the task names it.
+		var w struct {
+			Tenant string `json:"tenant"`
+		}
+		_ = json.Unmarshal(payload, &w)
+		snap.TenantID = w.Tenant
 		return snap, true, fmt.Errorf("jobs: %s: run did not return within %s of its end: %w", j.name, timeoutGrace, rctx.Err())
 	}
 }

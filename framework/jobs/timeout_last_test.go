@@ -1,7 +1,11 @@
 package jobs_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"log/slog"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -53,4 +57,60 @@ func TestTimedOutLastAttemptIsArchived(t *testing.T) {
 	require.Equal(t, float64(3), metric(t, b, "kumiko_jobs_failed_total", "job", "test:job:slow"))
 	require.Equal(t, float64(1), metric(t, b, "kumiko_jobs_archived_total", "job", "test:job:deaf"))
 	require.Equal(t, float64(0), metric(t, b, "kumiko_jobs_retried_total"))
+}
+
+// TestAbandonedRunIsLoggedWithItsTenant: the log lines of a run abandoned
+// after its Timeout (its handler ignores its context) carry the run's
+// tenant like those of every other run. The runner logs such a run from a
+// copy of the run's Context taken before the handler started, and the
+// tenant is only known once the task's payload is decoded: the copy had
+// none, so the "job archived" line of exactly the runs an operator has to
+// chase named no tenant.
+func TestAbandonedRunIsLoggedWithItsTenant(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(b *bundle) {
+		jobs.Manual[exportInput](b.f, "deaf", &jobs.Options{Timeout: 200 * time.Millisecond, MaxRetries: -1},
+			func(ctx context.Context, jc *jobs.Context, in exportInput) error {
+				time.Sleep(3 * time.Second)
+				return nil
+			})
+	})
+	log := &lines{}
+	r := b.runner(t, &jobs.Config{Lanes: jobs.Lanes, Logger: slog.New(slog.NewJSONHandler(log, nil))})
+	_, err := r.Client().Dispatch(context.Background(), "test:job:deaf", exportInput{Report: "r"}, &jobs.DispatchOptions{TenantID: "acme"})
+	require.NoError(t, err)
+	eventually(t, "the abandoned run archived", func() bool { return len(log.with("job archived")) == 1 })
+	for _, msg := range []string{"job still running past its timeout; abandoned", "job archived"} {
+		got := log.with(msg)
+		require.Len(t, got, 1, msg)
+		require.Equal(t, "acme", got[0]["tenant_id"], msg)
+	}
+	time.Sleep(3 * time.Second) // the abandoned handler returns before the leak check
+}
+
+// lines collects JSON log lines.
+type lines struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (l *lines) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.buf = append(l.buf, p...)
+	return len(p), nil
+}
+
+// with returns the lines whose msg is msg.
+func (l *lines) with(msg string) []map[string]any {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []map[string]any
+	for _, line := range bytes.Split(l.buf, []byte("\n")) {
+		var m map[string]any
+		if json.Unmarshal(line, &m) == nil && m["msg"] == msg {
+			out = append(out, m)
+		}
+	}
+	return out
 }
