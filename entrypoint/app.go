@@ -52,8 +52,9 @@ type Options struct {
 	Register func(r *framework.Registry)
 	// Logger receives the process's logs. Defaults to discarding.
 	Logger *slog.Logger
-	// Migrations is the migration set readiness checks. Defaults to
-	// Kumiko's embedded migrations.
+	// Migrations is the migration set readiness checks and the dispatcher
+	// and the job runner wait for (they start once every migration of it
+	// is applied). Defaults to Kumiko's embedded migrations.
 	Migrations fs.FS
 	// InstanceID overrides Config.InstanceID. Defaults to the config's
 	// value, else a random id.
