@@ -249,7 +249,7 @@ func TestDispatchOfUnknownJobIsDeadLettered(t *testing.T) {
 // later, days), and the histogram's count was the attempts, not the runs.
 func TestEventToStartObservedOncePerRun(t *testing.T) {
 	t.Parallel()
-	const backoff = 1500 * time.Millisecond
+	const backoff = 3 * time.Second
 	var attempts atomic.Int64
 	b := setup(t, func(b *bundle) {
 		jobs.OnEvent(b.f, "flaky", b.noted, &jobs.Options{MaxRetries: 3, Backoff: func(int) time.Duration { return backoff }},
