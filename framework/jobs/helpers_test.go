@@ -228,9 +228,12 @@ func binary(t *testing.T) string {
 // kumiko runs the binary with env and returns its output.
 func kumiko(t *testing.T, env []string, args ...string) string {
 	t.Helper()
+	// Built first: under load the build alone can take a good part of a
+	// minute, which must not count against the command's bound.
+	bin := binary(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, binary(t), args...)
+	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = append(os.Environ(), env...)
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "kumiko %s: %s", strings.Join(args, " "), out)
