@@ -46,6 +46,13 @@ func TestAdminMaintenanceMounted(t *testing.T) {
 	code, out = call(http.MethodPost, "/api/admin/events/prune", `{"olderThanDays": 30, "dryRun": true}`)
 	require.Equal(t, http.StatusOK, code, out)
 	require.Equal(t, []any{"jobs:event:dispatched"}, out["data"].(map[string]any)["types"])
+	// Beside the jobs admin routes (/api/admin/jobs/:lane/:id/retry).
+	code, out = call(http.MethodPost, "/api/admin/jobs/handled/prune", `{"olderThanDays": 90}`)
+	require.Equal(t, http.StatusOK, code, out)
+	require.EqualValues(t, 0, out["data"].(map[string]any)["deleted"])
+	code, out = call(http.MethodPost, "/api/admin/dead-letters/prune", `{"olderThanDays": 90}`)
+	require.Equal(t, http.StatusOK, code, out)
+	require.EqualValues(t, 0, out["data"].(map[string]any)["deleted"])
 	code, out = call(http.MethodPost, "/api/admin/projections/users:send-welcome-email/rebuild", "")
 	require.Equal(t, http.StatusConflict, code, out)
 	code, out = call(http.MethodPost, "/api/admin/projections/orders:order-totals/rebuild", "")

@@ -239,7 +239,7 @@ func New(ctx context.Context, opts Options) (_ *App, err error) {
 		a.mountHealth(a.web.Echo())
 		a.hub.Mount(a.web)
 		admin.Mount(a.web.Echo(), a.web.Authenticate, a.pool)                                 // consumer ops API + /admin page (framework/admin)
-		admin.MountMaintenance(a.web.Echo(), a.web.Authenticate, a.pool, a.reg, a.migrations) // migrate, prune, rebuild
+		admin.MountMaintenance(a.web.Echo(), a.web.Authenticate, a.pool, a.reg, a.migrations) // migrate, prunes, rebuild
 		if a.mode == config.ModeAllInOne && cfg.Dev {
 			a.mountDevToken(a.web.Echo(), ring)
 		}

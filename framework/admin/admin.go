@@ -49,7 +49,8 @@ var pageFS embed.FS
 // /admin/app.js) serve a static page without authentication that polls
 // the list every 2 seconds with the token from its URL fragment
 // (#token=...), its ?token= query parameter, or the kumiko_auth cookie.
-// [MountMaintenance] adds the migrate, prune and rebuild verbs.
+// [MountMaintenance] adds the migrate, prune (events, HandledOnce claims,
+// dead letters) and rebuild verbs.
 func Mount(e *echo.Echo, authenticate echo.MiddlewareFunc, pool *pgxpool.Pool) {
 	if e == nil || authenticate == nil || pool == nil {
 		panic("kumiko: admin.Mount: nil echo, authenticate or pool")

@@ -20,14 +20,19 @@
 // # Maintenance
 //
 // [MountMaintenance] adds, with the same authentication and role, the
-// other verbs of the CLI: `kumiko migrate [status]`, `kumiko events prune`
-// and `kumiko projection rebuild` (packages migrate, retention and
+// other verbs of the CLI: `kumiko migrate [status]`, `kumiko events prune`,
+// `kumiko jobs prune-handled`, `kumiko consumer prune-dead-letters` and
+// `kumiko projection rebuild` (packages migrate, retention, jobs and
 // rebuild), with the CLI's refusal messages:
 //
 //	curl -s -H "Authorization: Bearer $TOKEN" localhost:8080/api/admin/migrations
 //	curl -s -X POST -H "Authorization: Bearer $TOKEN" localhost:8080/api/admin/migrations/up
 //	curl -s -X POST -H "Authorization: Bearer $TOKEN" -d '{"olderThanDays": 30, "dryRun": true}' \
 //	  localhost:8080/api/admin/events/prune
+//	curl -s -X POST -H "Authorization: Bearer $TOKEN" -d '{"olderThanDays": 90}' \
+//	  localhost:8080/api/admin/jobs/handled/prune
+//	curl -s -X POST -H "Authorization: Bearer $TOKEN" -d '{"olderThanDays": 90}' \
+//	  localhost:8080/api/admin/dead-letters/prune
 //	curl -s -X POST -H "Authorization: Bearer $TOKEN" -d '{"batchSize": 1000}' \
 //	  localhost:8080/api/admin/projections/orders:order-totals/rebuild
 //
@@ -35,7 +40,10 @@
 // declared nor in the log, a types list naming none, an unknown field) is a 400 and deletes
 // nothing; the consumer check's refusal is a 409 with details reason
 // "consumers_behind" and the lagging consumers, another prune running a
-// 409 with reason "prune_running". A rebuild of an unknown projection is a
+// 409 with reason "prune_running". The HandledOnce-claims and dead-letters
+// prunes answer {"olderThanDays": N, "deleted": count}; without
+// olderThanDays, out of range or with another field they are a 400 and
+// delete nothing. A rebuild of an unknown projection is a
 // 404, of one that cannot be rebuilt a 409 with reason "not_rebuildable",
 // while another rebuild of it runs a 409 with reason "rebuild_running", and
 // one whose handler kept failing on an event a 409 with reason

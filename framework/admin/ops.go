@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/kumiko-go/kumiko/framework"
+	"github.com/kumiko-go/kumiko/framework/jobs"
 	"github.com/kumiko-go/kumiko/framework/migrate"
 	"github.com/kumiko-go/kumiko/framework/rebuild"
 	"github.com/kumiko-go/kumiko/framework/retention"
@@ -19,8 +21,9 @@ import (
 )
 
 // MountMaintenance registers the maintenance verbs of the `kumiko
-// migrate`, `kumiko events prune` and `kumiko projection rebuild` commands
-// on e, with the same authentication and [Role] requirement as [Mount]:
+// migrate`, `kumiko events prune`, `kumiko jobs prune-handled`, `kumiko
+// consumer prune-dead-letters` and `kumiko projection rebuild` commands on
+// e, with the same authentication and [Role] requirement as [Mount]:
 //
 //   - GET /api/admin/migrations: every embedded migration with its state.
 //   - POST /api/admin/migrations/up: applies the pending migrations under
@@ -28,6 +31,14 @@ import (
 //   - POST /api/admin/events/prune: body {"olderThanDays": N, "types":
 //     [...], "dryRun": bool}; answers the prune's result (package
 //     retention).
+//   - POST /api/admin/jobs/handled/prune: body {"olderThanDays": N};
+//     deletes the HandledOnce claims of every tenant made more than N days
+//     ago ([jobs.PruneHandled]) and answers {"olderThanDays": N,
+//     "deleted": count}.
+//   - POST /api/admin/dead-letters/prune: body {"olderThanDays": N};
+//     deletes the dead letters of every consumer and instance recorded more
+//     than N days ago ([retention.PruneDeadLetters]) and answers
+//     {"olderThanDays": N, "deleted": count}.
 //   - POST /api/admin/projections/:name/rebuild: optional body
 //     {"batchSize": N} or {"abandon": true}; runs the rebuild (package
 //     rebuild) in the request and answers its result. A client that goes
@@ -45,6 +56,8 @@ func MountMaintenance(e *echo.Echo, authenticate echo.MiddlewareFunc, pool *pgxp
 	e.GET("/api/admin/migrations", h.migrations, mw...)
 	e.POST("/api/admin/migrations/up", h.migrateUp, mw...)
 	e.POST("/api/admin/events/prune", h.prune, mw...)
+	e.POST("/api/admin/jobs/handled/prune", h.pruneOlder(jobs.MaxHandledAgeDays, jobs.ErrBadAge, jobs.PruneHandled), mw...)
+	e.POST("/api/admin/dead-letters/prune", h.pruneOlder(retention.MaxOlderThanDays, retention.ErrBadAge, retention.PruneDeadLetters), mw...)
 	e.POST("/api/admin/projections/:name/rebuild", h.rebuild, mw...)
 }
 
@@ -211,6 +224,47 @@ func pruneError(err error, days int, res *retention.Result) error {
 		return invalid("olderThanDays", "min", err.Error())
 	}
 	return err
+}
+
+// olderBody is the JSON body of a prune by age alone.
+type olderBody struct {
+	OlderThanDays *int `json:"olderThanDays"`
+}
+
+// olderThanDays reads and checks the olderThanDays of a prune's body,
+// with the messages of the events prune.
+func olderThanDays(c echo.Context, maxDays int) (int, error) {
+	var body olderBody
+	if err := decodeBody(c, &body); err != nil {
+		return 0, err
+	}
+	if body.OlderThanDays == nil {
+		return 0, invalid("olderThanDays", "required", "olderThanDays is required")
+	}
+	if d := *body.OlderThanDays; d < 1 || d > maxDays {
+		return 0, invalid("olderThanDays", "range", fmt.Sprintf("olderThanDays must be between 1 and %d", maxDays))
+	}
+	return *body.OlderThanDays, nil
+}
+
+// pruneOlder answers a prune that deletes the rows of a table older than
+// the body's olderThanDays (at most maxDays): fn deletes them and returns
+// how many, or badAge for an age it refuses.
+func (h *maintenance) pruneOlder(maxDays int, badAge error, fn func(context.Context, *pgxpool.Pool, int) (int64, error)) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		days, err := olderThanDays(c, maxDays)
+		if err != nil {
+			return web.WriteError(c, err)
+		}
+		n, err := fn(c.Request().Context(), h.pool, days)
+		if errors.Is(err, badAge) {
+			return web.WriteError(c, invalid("olderThanDays", "range", err.Error()))
+		}
+		if err != nil {
+			return web.WriteError(c, err)
+		}
+		return writeData(c, map[string]any{"olderThanDays": days, "deleted": n})
+	}
 }
 
 // rebuildBody is the optional JSON body of a rebuild.
