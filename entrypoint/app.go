@@ -579,7 +579,9 @@ func (g *migrationGate) ch() chan struct{} {
 
 // run checks the migrations until they are all applied, logging a warning
 // that names the pending one (once, and again when another is pending),
-// then opens the gate.
+// then opens the gate. A check that fails for another reason (the
+// database unreachable, the check timing out) is logged as such: running
+// kumiko migrate would not help then.
 func (g *migrationGate) run(ctx context.Context, pool *pgxpool.Pool, set fs.FS, log *slog.Logger) {
 	var warned string
 	for {
@@ -594,7 +596,11 @@ func (g *migrationGate) run(ctx context.Context, pool *pgxpool.Pool, set fs.FS, 
 			return
 		}
 		if msg := err.Error(); msg != warned && ctx.Err() == nil {
-			log.Warn("consumers and jobs wait for the migrations: run kumiko migrate", "error", msg)
+			if errors.Is(err, migrate.ErrPending) {
+				log.Warn("consumers and jobs wait for the migrations: run kumiko migrate", "error", msg)
+			} else {
+				log.Warn("consumers and jobs wait: the migrations could not be checked (is the database reachable?)", "error", msg)
+			}
 			warned = msg
 		}
 		select {
