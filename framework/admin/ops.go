@@ -27,7 +27,8 @@ import (
 //
 //   - GET /api/admin/migrations: every embedded migration with its state.
 //   - POST /api/admin/migrations/up: applies the pending migrations under
-//     goose's advisory lock and answers those it applied.
+//     goose's advisory lock and answers those it applied. A client that
+//     goes away stops the running migration, which stays pending.
 //   - POST /api/admin/events/prune: body {"olderThanDays": N, "types":
 //     [...], "dryRun": bool}; answers the prune's result (package
 //     retention).

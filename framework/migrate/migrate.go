@@ -66,7 +66,9 @@ func Up(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS, logger *slog.Logger
 // Apply is [Up] that returns the migrations it applied, in order (none
 // when nothing was pending). On failure it returns those applied before
 // the failing one together with the error, a *[FailedError] when a
-// migration failed. logger may be nil.
+// migration failed. A migration cut short because ctx ended did not fail:
+// the error then wraps ctx's error (context.Canceled or
+// context.DeadlineExceeded) and is no *[FailedError]. logger may be nil.
 func Apply(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS, logger *slog.Logger) ([]Status, error) {
 	p, closeDB, err := newProvider(pool, fsys, logger, true)
 	if err != nil {
@@ -83,6 +85,14 @@ func Apply(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS, logger *slog.Log
 		out = append(out, Status{Version: r.Source.Version, Name: r.Source.Path, Applied: true})
 	}
 	if pe != nil && pe.Failed != nil && pe.Failed.Source != nil {
+		if ctx.Err() != nil {
+			// Stopped, not failed: the caller went away (a client that hung
+			// up, Ctrl-C). The migration's transaction rolled back; running
+			// up again applies it (a "+goose NO TRANSACTION" one may have left
+			// part of its work).
+			return out, fmt.Errorf("migrate: up: migration %s stopped (%d applied before it): %w",
+				pe.Failed.Source.Path, len(out), ctx.Err())
+		}
 		return out, &FailedError{Applied: out, Failed: Status{Version: pe.Failed.Source.Version, Name: pe.Failed.Source.Path}, Err: pe.Err}
 	}
 	if err != nil {
