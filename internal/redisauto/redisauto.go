@@ -50,8 +50,16 @@ type Future struct {
 	done chan struct{} // without an autopipeliner: closed when cmd ran
 }
 
-// Send queues cmd and returns at once.
+// Send queues cmd and returns at once. A ctx that has ended already sends
+// nothing: cmd fails with ctx's error (otherwise the command could still
+// run and Wait answer either way).
 func (c *Client) Send(ctx context.Context, cmd redis.Cmder) Future {
+	if err := ctx.Err(); err != nil {
+		cmd.SetErr(err)
+		done := make(chan struct{})
+		close(done)
+		return Future{cmd: cmd, done: done}
+	}
 	if c.ap != nil {
 		return Future{cmd: cmd, f: c.ap.Submit(ctx, cmd)}
 	}
