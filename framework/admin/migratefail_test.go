@@ -2,7 +2,6 @@ package admin_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,7 +10,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"testing/fstest"
 	"time"
@@ -21,6 +19,7 @@ import (
 	"github.com/kumiko-go/kumiko/framework/admin"
 	"github.com/kumiko-go/kumiko/framework/migrate"
 	"github.com/kumiko-go/kumiko/framework/web"
+	"github.com/kumiko-go/kumiko/internal/proctest"
 	"github.com/kumiko-go/kumiko/migrations"
 )
 
@@ -90,7 +89,7 @@ func TestMaintenanceMigrationCutShortByTheClient(t *testing.T) {
 	set := projectMigrations(t)
 	set["00099_slow.sql"] = &fstest.MapFile{Data: []byte("-- +goose Up\nSELECT pg_sleep(30);\n-- +goose Down\n")}
 
-	logs := &syncBuffer{}
+	logs := &proctest.Buffer{}
 	s := web.New(b.rt, b.keys, &web.Config{Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	admin.MountMaintenance(s.Echo(), s.Authenticate, b.db.Pool, b.reg, set)
 	srv := httptest.NewServer(s.Handler())
@@ -145,22 +144,4 @@ func TestMaintenanceMigrationCutShortByTheClient(t *testing.T) {
 	sts, err := migrate.List(context.Background(), b.db.Pool, set)
 	require.NoError(t, err)
 	require.False(t, sts[len(sts)-1].Applied, "the stopped migration stays pending")
-}
-
-// syncBuffer is a log sink safe for the server's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

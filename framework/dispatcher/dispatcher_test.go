@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,6 +20,7 @@ import (
 	"github.com/kumiko-go/kumiko/framework"
 	"github.com/kumiko-go/kumiko/framework/dispatcher"
 	"github.com/kumiko-go/kumiko/framework/kumikotest"
+	"github.com/kumiko-go/kumiko/internal/proctest"
 )
 
 type noted struct {
@@ -672,9 +674,8 @@ func TestFailureLogCarriesTheEventsIDs(t *testing.T) {
 			return errors.New("always")
 		})
 	})
-	var logs bytes.Buffer
-	var mu sync.Mutex
-	d := newDispatcher(t, b, &dispatcher.Config{Logger: slog.New(slog.NewJSONHandler(lockedWriter{&mu, &logs}, nil))})
+	logs := &proctest.Buffer{}
+	d := newDispatcher(t, b, &dispatcher.Config{Logger: slog.New(slog.NewJSONHandler(logs, nil))})
 	_, err := b.rt.InTx(context.Background(), "t9", framework.Metadata{CorrelationID: "corr-log", CausationID: "req-log", RequestID: "req-log"}, func(ctx context.Context, tx *framework.Tx) error {
 		return tx.Append(framework.Stream{Type: "s", ID: "1"}, framework.AnyVersion, b.noted.With(noted{N: 1}))
 	})
@@ -684,12 +685,10 @@ func TestFailureLogCarriesTheEventsIDs(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "dead", state(t, b, "test:broken", dispatcher.SharedInstance).status)
 
-	mu.Lock()
-	defer mu.Unlock()
 	lines := map[string]map[string]any{}
-	for line := range bytes.Lines(logs.Bytes()) {
+	for line := range strings.Lines(logs.String()) {
 		var rec map[string]any
-		require.NoError(t, json.Unmarshal(line, &rec))
+		require.NoError(t, json.Unmarshal([]byte(line), &rec))
 		lines[rec["msg"].(string)] = rec
 	}
 	for _, msg := range []string{"consumer event failed", "consumer dead"} {
@@ -700,16 +699,4 @@ func TestFailureLogCarriesTheEventsIDs(t *testing.T) {
 		require.Equal(t, "t9", rec["tenant_id"], msg)
 		require.Equal(t, "test:event:noted", rec["event_type"], msg)
 	}
-}
-
-// lockedWriter serializes writes to w under mu.
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  *bytes.Buffer
-}
-
-func (l lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
 }
