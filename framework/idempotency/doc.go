@@ -25,9 +25,12 @@
 // owner whose claim was taken over can never overwrite the newer owner's
 // result ([ErrNotOwner]).
 //
-// [Claim.FinishAsync] stores the response from a goroutine the [Store]
-// owns, so that the caller answers its client without waiting for Redis;
-// [Store.Close] waits for those at shutdown.
+// [Claim.FinishAsync] stores the response in the background, so that the
+// caller answers its client without waiting for Redis: the next Begin
+// (whichever key it claims) sends the responses queued before it ahead of
+// its claim, in the same pipeline, or the [Store] sends them itself after
+// 2 ms. A duplicate's claim thus finds the response it waits for already
+// stored. [Store.Close] waits for those at shutdown.
 //
 // Redis time is the clock of every lease, so API instances with skewed
 // clocks agree on them. Keys live for [Config].TTL (default 24 h) after the

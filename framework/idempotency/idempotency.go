@@ -93,7 +93,9 @@ type Store struct {
 	// script may touch the keys of several finishes.
 	batching bool
 
-	// finishes sends the responses of FinishAsync to Redis in batches.
+	// finishes holds the responses of FinishAsync until a claim carries
+	// them to Redis (rideAlong) or rideDelay passes, and sends them in
+	// batches.
 	finishes batcher[queuedFinish]
 
 	// mu guards closed; finishing counts FinishAsync calls in flight.
@@ -134,7 +136,8 @@ func New(rdb redis.UniversalClient, cfg *Config) (*Store, error) {
 		reclaims: prometheus.NewCounter(prometheus.CounterOpts{Name: "kumiko_idempotency_reclaims_total",
 			Help: "Keys claimed again after their owner's lease ran out (a crashed owner)."}),
 	}
-	s.finishes = batcher[queuedFinish]{take: batchTake(func(f queuedFinish) int { return len(f.r.Body) + len(f.header) }), run: s.storeFinishesBounded}
+	s.finishes = batcher[queuedFinish]{take: batchTake(func(f queuedFinish) int { return len(f.r.Body) + len(f.header) }),
+		run: s.storeFinishesBounded, delay: rideDelay}
 	if cfg.Metrics != nil {
 		var err error
 		if s.replays, err = metrics.Register(cfg.Metrics, s.replays); err != nil {
@@ -303,11 +306,20 @@ func (s *Store) Begin(ctx context.Context, sc Scope, fp string) (*Claim, *Respon
 	owner := newOwner()
 	deadline := time.Now().Add(s.wait)
 	pause := 5 * time.Millisecond
+	ride := s.rideAlong()
 	for {
 		cctx, cancel := context.WithTimeout(ctx, s.call)
 		res, err := s.cmd.RunThen(cctx, claimScript, []string{key}, s.releaseLate(key, owner),
 			owner, fp, s.lease.Milliseconds(), s.ttl.Milliseconds()).Slice()
 		cancel()
+		if ride != nil {
+			if err == nil {
+				ride() // answered before the claim: the pipeline keeps order
+			} else {
+				go ride()
+			}
+			ride = nil
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil, nil, ctx.Err()
@@ -357,6 +369,31 @@ func (s *Store) Begin(ctx context.Context, sc Scope, fp string) (*Claim, *Respon
 		default:
 			return nil, nil, fmt.Errorf("%w: unexpected claim answer %v", ErrUnavailable, res)
 		}
+	}
+}
+
+// rideDelay is how long a response queued by [Claim.FinishAsync] waits
+// for a claim to carry it to Redis before it is sent on its own.
+const rideDelay = 2 * time.Millisecond
+
+// rideAlong sends the responses queued for storing (a batch of them), so
+// that the claim sent next shares their pipeline: under load, storing a
+// response then costs no round trip of its own, in this process or in
+// Redis. It returns what reports their outcomes once the claim was
+// answered, or nil when none was queued.
+func (s *Store) rideAlong() func() {
+	if !s.batching {
+		return nil
+	}
+	batch := s.finishes.takeBatch()
+	if batch == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
+	r := s.startFinishes(ctx, batch)
+	return func() {
+		defer cancel()
+		s.reportFinishes(ctx, batch, r)
 	}
 }
 
@@ -537,8 +574,9 @@ const maxQueued = 4096
 
 // FinishAsync is [Claim.Finish] done by the store in the background, so
 // that the caller can answer its client at once; done (when not nil) gets
-// Finish's error. Responses queued while a store is under way are stored
-// together, in one script call. The lease is renewed until the response is
+// Finish's error. The response waits up to 2 ms for the next claim
+// ([Store.Begin]) to carry it in the same pipeline; the responses queued
+// meanwhile are stored together, in one script call. The lease is renewed until the response is
 // stored, so a retry that arrives meanwhile waits for it like any
 // duplicate, however long the store takes. [Store.Close] waits for them.
 // After Close, and while more than maxQueued responses wait, it runs
@@ -589,6 +627,11 @@ func (s *Store) storeFinishesBounded(batch []queuedFinish) {
 // storeFinishes stores batch in one script call and reports each outcome
 // to its done.
 func (s *Store) storeFinishes(ctx context.Context, batch []queuedFinish) {
+	s.reportFinishes(ctx, batch, s.startFinishes(ctx, batch))
+}
+
+// startFinishes sends the script call that stores batch.
+func (s *Store) startFinishes(ctx context.Context, batch []queuedFinish) *redisauto.Running {
 	keys := make([]string, len(batch))
 	args := make([]any, 0, 1+4*len(batch))
 	args = append(args, s.ttl.Milliseconds())
@@ -596,7 +639,13 @@ func (s *Store) storeFinishes(ctx context.Context, batch []queuedFinish) {
 		keys[i] = f.c.key
 		args = append(args, f.c.owner, f.r.Status, f.header, f.r.Body)
 	}
-	oks, err := s.cmd.Run(ctx, finishScript, keys, args...).Int64Slice()
+	return s.cmd.Start(ctx, finishScript, keys, args...)
+}
+
+// reportFinishes waits for the answer of r, the script call storing
+// batch, and reports each outcome to its done.
+func (s *Store) reportFinishes(ctx context.Context, batch []queuedFinish, r *redisauto.Running) {
+	oks, err := r.Wait(ctx).Int64Slice()
 	if err == nil && len(oks) != len(batch) {
 		err = fmt.Errorf("finish script answered %d of %d", len(oks), len(batch))
 	}

@@ -647,3 +647,57 @@ func TestReleaseOfAReclaimedKey(t *testing.T) {
 	require.GreaterOrEqual(t, next.PreviousSince(), since)
 	require.NoError(t, next.Finish(ctx, response("next")))
 }
+
+// TestClaimCarriesQueuedResponses: a response FinishAsync queued is sent
+// ahead of the next claim, in its pipeline, not only after the store's
+// own delay (an hour here): its done has run when that Begin returns, and
+// a duplicate of the queued response's key is answered with it at once
+// instead of polling.
+func TestClaimCarriesQueuedResponses(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t, redistest.Shared(t), idempotency.Config{WaitTimeout: 100 * time.Millisecond})
+	idempotency.SetRideDelay(s, time.Hour)
+	ctx := t.Context()
+
+	first, _, err := s.Begin(ctx, scope("ride-first"), "fp")
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	first.FinishAsync(response("first"), func(err error) { done <- err })
+	require.Empty(t, done, "the response waits for a claim to carry it")
+
+	other, _, err := s.Begin(ctx, scope("ride-other"), "fp")
+	require.NoError(t, err)
+	require.NotNil(t, other)
+	require.Len(t, done, 1, "the claim of another key carried the queued response")
+	require.NoError(t, <-done)
+
+	second, _, err := s.Begin(ctx, scope("ride-second"), "fp")
+	require.NoError(t, err)
+	second.FinishAsync(response("second"), func(err error) { done <- err })
+	_, replay, err := s.Begin(ctx, scope("ride-second"), "fp")
+	require.NoError(t, err, "the duplicate found the response stored, it did not wait for it")
+	require.NotNil(t, replay)
+	require.Equal(t, "second", string(replay.Body))
+	require.NoError(t, <-done)
+
+	require.NoError(t, other.Finish(ctx, response("other")))
+	require.NoError(t, s.Close(ctx))
+}
+
+// TestQueuedResponseIsStoredWithoutAClaim: with no claim to carry it, a
+// queued response is stored after the store's delay.
+func TestQueuedResponseIsStoredWithoutAClaim(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t, redistest.Shared(t), idempotency.Config{})
+	ctx := t.Context()
+	claim, _, err := s.Begin(ctx, scope("ride-alone"), "fp")
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	claim.FinishAsync(response("alone"), func(err error) { done <- err })
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("a queued response was not stored without a claim to carry it")
+	}
+}

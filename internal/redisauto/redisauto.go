@@ -131,13 +131,42 @@ func (c *Client) Run(ctx context.Context, s *Script, keys []string, args ...any)
 // the command once it ran, in a goroutine of its own, with its answer or
 // error (a NOSCRIPT error: it did not run).
 func (c *Client) RunThen(ctx context.Context, s *Script, keys []string, late func(*redis.Cmd), args ...any) *redis.Cmd {
+	return c.Start(ctx, s, keys, args...).WaitThen(ctx, late)
+}
+
+// Running is a script call on its way ([Client.Start]).
+type Running struct {
+	c    *Client
+	s    *Script
+	keys []string
+	args []any
+	cmd  *redis.Cmd
+	f    Future
+}
+
+// Start sends s with keys and args (by its SHA-1) and returns at once, so
+// that commands the caller sends next share its pipeline; [Running.Wait]
+// waits for the answer.
+func (c *Client) Start(ctx context.Context, s *Script, keys []string, args ...any) *Running {
 	cmd := s.evalCmd(ctx, "evalsha", s.hash, keys, args)
-	f := c.Send(ctx, cmd)
+	return &Running{c: c, s: s, keys: keys, args: args, cmd: cmd, f: c.Send(ctx, cmd)}
+}
+
+// Wait is [Running.WaitThen] without late.
+func (r *Running) Wait(ctx context.Context) *redis.Cmd { return r.WaitThen(ctx, nil) }
+
+// WaitThen waits for the script's answer at most until ctx ends (then the
+// returned command's error is ctx's), loading the script on a NOSCRIPT
+// answer. When ctx ends first, late (when not nil) gets the command once
+// it ran, in a goroutine of its own, with its answer or error (a NOSCRIPT
+// error: it did not run). Call it once.
+func (r *Running) WaitThen(ctx context.Context, late func(*redis.Cmd)) *redis.Cmd {
+	cmd, f := r.cmd, r.f
 	err := f.Wait(ctx)
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 		// Not loaded yet (or Redis restarted): EVAL loads it.
-		cmd = s.evalCmd(ctx, "eval", s.src, keys, args)
-		f = c.Send(ctx, cmd)
+		cmd = r.s.evalCmd(ctx, "eval", r.s.src, r.keys, r.args)
+		f = r.c.Send(ctx, cmd)
 		err = f.Wait(ctx)
 	}
 	if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
