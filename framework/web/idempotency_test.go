@@ -231,6 +231,40 @@ func TestIdempotentWriteReplaysFailure(t *testing.T) {
 	b.requireRows(t, 0, 0)
 }
 
+// TestIdempotencyOnTheWire spells the header names and the body field as
+// the issue and the README do, not through the package's constants: a
+// batch that fails is stored and replayed byte for byte like a write, and
+// a batch that succeeds answers its consistency token in the header and
+// the body alike.
+func TestIdempotencyOnTheWire(t *testing.T) {
+	t.Parallel()
+	b := setupIdem(t, idemOptions{})
+	tok := b.tokenFor(t, "acme", "alice")
+	send := func(key string, body any) response {
+		return b.do(t, request{path: "/api/batch", token: tok, body: body, headers: map[string]string{"Idempotency-Key": key}})
+	}
+	failing := map[string]any{"commands": []any{place("A"), place("")}}
+	key := "wire-" + randHex(8)
+	first := send(key, failing)
+	env := first.requireError(t, http.StatusBadRequest, "validation_error")
+	require.EqualValues(t, 1, env.Error.Details["index"])
+	again := send(key, failing)
+	require.Equal(t, first.status, again.status)
+	require.Equal(t, string(first.body), string(again.body), "a failure is replayed byte for byte")
+	require.Equal(t, "true", again.header.Get("Idempotent-Replayed"))
+	require.Empty(t, first.header.Get("Idempotent-Replayed"))
+	b.requireRows(t, 0, 0)
+
+	ok := send("wire-ok-"+randHex(8), map[string]any{"commands": []any{place("A")}})
+	require.Equal(t, http.StatusOK, ok.status, "%s", ok.body)
+	var out struct {
+		ConsistencyToken string `json:"consistencyToken"`
+	}
+	require.NoError(t, json.Unmarshal(ok.body, &out))
+	require.True(t, framework.ValidConsistencyToken(out.ConsistencyToken), "body token %q", out.ConsistencyToken)
+	require.Equal(t, out.ConsistencyToken, ok.header.Get("X-Kumiko-Consistency-Token"))
+}
+
 func TestIdempotencyKeyInBody(t *testing.T) {
 	t.Parallel()
 	b := setupIdem(t, idemOptions{})
