@@ -154,7 +154,7 @@ func ExampleWrite() {
 	// cents gte: cents must be >= 0
 	// validation_error 400
 	// validation failed: unknown field "colour"
-	// validation failed: cents must be of type number, got string
+	// validation failed: cents must be of type integer, got string
 }
 
 func ExampleQuery() {

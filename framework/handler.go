@@ -3,10 +3,14 @@ package framework
 import (
 	"bytes"
 	"context"
+	"encoding"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math/big"
+	"reflect"
+	"strconv"
 	"strings"
 )
 
@@ -191,8 +195,18 @@ func decodeError(err error) error {
 		if name == "" {
 			name = "payload" // the payload itself has the wrong kind
 		}
-		return &ValidationError{Fields: []FieldError{{Field: field, Rule: "type", Param: te.Type.String(),
-			Message: fmt.Sprintf("%s must be of type %s, got %s", name, jsonKind(te.Type.String()), te.Value)}}}
+		kind := jsonKind(te.Type)
+		msg := fmt.Sprintf("%s must be of type %s, got %s", name, kind, te.Value)
+		if lo, hi, ok := intRange(te.Type); ok {
+			// A whole number out of the field's range (the decoder says
+			// only "number 300"): name the range.
+			if n, isNum := strings.CutPrefix(te.Value, "number "); isNum {
+				if _, ok := new(big.Int).SetString(n, 10); ok {
+					msg = fmt.Sprintf("%s must be an integer from %s to %s, got %s", name, lo, hi, n)
+				}
+			}
+		}
+		return &ValidationError{Fields: []FieldError{{Field: field, Rule: "type", Param: kind, Message: msg}}}
 	}
 	msg := err.Error()
 	if rest, ok := strings.CutPrefix(msg, "json: unknown field "); ok {
@@ -202,17 +216,56 @@ func decodeError(err error) error {
 	return &ValidationError{Fields: []FieldError{{Field: "", Rule: "json", Message: "payload is not valid: " + strings.TrimPrefix(msg, "json: ")}}}
 }
 
-func jsonKind(goType string) string {
-	switch {
-	case strings.HasPrefix(goType, "int"), strings.HasPrefix(goType, "uint"), strings.HasPrefix(goType, "float"):
-		return "number"
-	case goType == "string":
+// jsonKind names the JSON kind a value of Go type t decodes from, by its
+// kind rather than its name (a named string type takes a string, a
+// time.Duration an integer); a type that decodes itself from text only
+// (uuid.UUID, netip.Addr) takes a string.
+func jsonKind(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if !reflect.PointerTo(t).Implements(jsonUnmarshalerType) && reflect.PointerTo(t).Implements(textUnmarshalerType) {
 		return "string"
-	case goType == "bool":
+	}
+	switch t.Kind() {
+	case reflect.String:
+		return "string"
+	case reflect.Bool:
 		return "boolean"
-	case strings.HasPrefix(goType, "[]"):
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
+		return "integer"
+	case reflect.Float32, reflect.Float64:
+		return "number"
+	case reflect.Slice:
+		if t.Elem().Kind() == reflect.Uint8 {
+			return "string" // []byte is base64 text
+		}
+		return "array"
+	case reflect.Array:
 		return "array"
 	default:
 		return "object"
 	}
+}
+
+var (
+	jsonUnmarshalerType = reflect.TypeFor[json.Unmarshaler]()
+	textUnmarshalerType = reflect.TypeFor[encoding.TextUnmarshaler]()
+)
+
+// intRange returns the bounds of an integer type t.
+func intRange(t reflect.Type) (lo, hi string, ok bool) {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	bits := t.Bits
+	switch t.Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		n := bits()
+		return strconv.FormatInt(-1<<(n-1), 10), strconv.FormatInt(1<<(n-1)-1, 10), true
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
+		return "0", strconv.FormatUint(1<<bits()-1, 10), true
+	}
+	return "", "", false
 }
