@@ -450,3 +450,32 @@ func TestRejected(t *testing.T) {
 		})
 	}
 }
+
+// TestCancelOfAnotherTenantsOrder: another tenant's order id is unknown to
+// a write as it is to a query (row-level security): cancelling it, alone
+// or in a batch, is 404 not_found, and neither the order nor its stream
+// changes.
+func TestCancelOfAnotherTenantsOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	t1, t2 := b.token(t, "t1"), b.token(t, "t2")
+	other := b.place(t, t2, "Eve")
+	cancel := map[string]any{"type": "orders:write:cancel", "payload": map[string]any{"orderId": other, "expectedVersion": 1}}
+
+	env := b.post(t, "/api/write", t1, cancel).requireError(t, http.StatusNotFound, "not_found")
+	require.Contains(t, env.Error.Message, other)
+	b.requireRows(t, 1, 1)
+
+	env = b.post(t, "/api/batch", t1, map[string]any{"commands": []any{placeBody(map[string]any{"customer": "Ada"}), cancel}}).
+		requireError(t, http.StatusNotFound, "not_found")
+	require.InDelta(t, 1, env.Error.Details["index"], 0)
+	b.requireRows(t, 1, 1)
+
+	var o orders.Order
+	b.post(t, "/api/query", t2, map[string]any{"type": "orders:query:get", "payload": map[string]any{"orderId": other}}).requireData(t, &o)
+	require.Equal(t, "placed", o.Status)
+	require.Equal(t, int64(1), o.Version)
+	var version int64
+	require.NoError(t, b.db.Pool.QueryRow(t.Context(), `SELECT version FROM streams WHERE stream_id = $1`, other).Scan(&version))
+	require.Equal(t, int64(1), version)
+}
