@@ -6,10 +6,12 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/kumiko-go/kumiko/cmd/kumiko/internal/cli"
+	"github.com/kumiko-go/kumiko/framework/auth"
 	"github.com/kumiko-go/kumiko/internal/redistest"
 )
 
@@ -104,6 +106,51 @@ func TestTokenRefusesANonPositiveTTL(t *testing.T) {
 		require.Contains(t, err.Error(), "--ttl must be positive")
 		require.Empty(t, out, ttl)
 	}
+}
+
+// TestTokenCarriesTenantUserAndRoles: `kumiko token --tenant T --user U
+// --roles r1,r2` prints one line, a token that the keyring of JWT_SECRET
+// (here the rotation form, whose first key signs under its kid) verifies as
+// that tenant, user and roles, expiring after --ttl; a missing --tenant or
+// --user, or a missing JWT_SECRET, prints nothing and fails.
+func TestTokenCarriesTenantUserAndRoles(t *testing.T) {
+	s1, s2 := strings.Repeat("a", 32), strings.Repeat("b", 32)
+	t.Setenv("JWT_SECRET", "new:"+s1+",old:"+s2)
+	run := func(args ...string) (string, error) {
+		root := cli.Root(nil, nil)
+		var out bytes.Buffer
+		root.SetOut(&out)
+		root.SetErr(io.Discard)
+		root.SetArgs(append([]string{"token"}, args...))
+		err := root.ExecuteContext(context.Background())
+		return out.String(), err
+	}
+	out, err := run("--tenant", "acme", "--user", "alice", "--roles", "admin, ops", "--ttl", "10m")
+	require.NoError(t, err)
+	require.True(t, strings.HasSuffix(out, "\n") && strings.Count(out, "\n") == 1, "one line: %q", out)
+	tok := strings.TrimSpace(out)
+	ring, err := auth.NewKeyring([]auth.Key{{ID: "new", Secret: []byte(s1)}, {ID: "old", Secret: []byte(s2)}})
+	require.NoError(t, err)
+	p, exp, err := ring.VerifyUntil(tok)
+	require.NoError(t, err)
+	require.Equal(t, auth.Principal{UserID: "alice", TenantID: "acme", Roles: []string{"admin", "ops"}}, p)
+	require.WithinDuration(t, time.Now().Add(10*time.Minute), exp, time.Minute)
+	// Signed by the first key: the old key alone does not verify it.
+	old, err := auth.NewKeyring([]auth.Key{{ID: "old", Secret: []byte(s2)}})
+	require.NoError(t, err)
+	_, err = old.Verify(tok)
+	require.Error(t, err)
+
+	for _, args := range [][]string{{"--user", "alice"}, {"--tenant", "acme"}} {
+		out, err := run(args...)
+		require.ErrorContains(t, err, "--tenant and --user are required", args)
+		require.Empty(t, out, args)
+	}
+	t.Setenv("JWT_SECRET", "")
+	out, err = run("--tenant", "acme", "--user", "alice")
+	require.ErrorContains(t, err, "JWT_SECRET")
+	require.Empty(t, out)
+	require.Equal(t, 1, cli.Main(context.Background(), []string{"token", "--tenant", "acme", "--user", "alice"}, nil, nil))
 }
 
 // TestPruneRefusesAnEmptyTypes: `kumiko events prune --types ""` (an unset
