@@ -1,6 +1,7 @@
 package web
 
 import (
+	"fmt"
 	"mime"
 	"net/http"
 	"strings"
@@ -15,8 +16,9 @@ import (
 // Authenticate is middleware that verifies the request's JWT (the bearer
 // Authorization header, else the kumiko_auth cookie) with the server's
 // keyring and stores the caller for [PrincipalFrom] and [CallFrom]. A
-// missing, malformed, forged or expired token, or one for the reserved
-// tenant, is answered 401 unauthorized. A cookie-authenticated request with
+// missing, malformed, forged or expired token, one for the reserved tenant,
+// or a request with more than one Authorization header, is answered 401
+// unauthorized. A cookie-authenticated request with
 // a method other than GET, HEAD or OPTIONS must send Content-Type
 // application/json (or another JSON media type), else it is answered 403
 // access_denied: a cross-site form cannot send that type, so the cookie
@@ -24,6 +26,13 @@ import (
 func (s *Server) Authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		req := c.Request()
+		if n := len(req.Header.Values(echo.HeaderAuthorization)); n > 1 {
+			// Which one counts is up to each reader of the request (this
+			// server would take the first, a proxy maybe the last).
+			c.Response().Header().Set(echo.HeaderWWWAuthenticate, `Bearer error="invalid_request"`)
+			return &framework.Error{Code: framework.CodeUnauthorized,
+				Message: fmt.Sprintf("send one Authorization header, not %d", n)}
+		}
 		tok := auth.TokenFromRequest(req)
 		if tok == "" {
 			c.Response().Header().Set(echo.HeaderWWWAuthenticate, "Bearer")

@@ -425,6 +425,11 @@ func TestRejected(t *testing.T) {
 			body: placeBody(map[string]any{"customer": "A"})}, 401, "unauthorized", nil},
 		{"forged cookie", request{path: "/api/write", cookie: signed(t, []byte("another-secret-0123456789abcdef!"), claims("t1", later)),
 			body: placeBody(map[string]any{"customer": "A"})}, 401, "unauthorized", nil},
+		// Two Authorization headers: this server would take the first, a
+		// proxy or another reader of the request maybe the second.
+		{"two Authorization headers", request{path: "/api/write", added: http.Header{"Authorization": {"Bearer " + tok,
+			"Bearer " + signed(t, []byte("another-secret-0123456789abcdef!"), claims("t2", later))}},
+			body: placeBody(map[string]any{"customer": "A"})}, 401, "unauthorized", []check{message("one Authorization header")}},
 		{"missing role", request{path: "/api/write", token: tok, body: map[string]any{"type": "web-test:write:admin-only"}},
 			403, "access_denied", nil},
 		{"missing role in batch", request{path: "/api/batch", token: tok, body: map[string]any{"commands": []any{
