@@ -3,6 +3,8 @@ package jobs
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"sync"
 
@@ -132,6 +134,10 @@ func (c *Context) Dispatch(ctx context.Context, name string, payload any, opts *
 
 const handledSQL = `INSERT INTO handled (tenant_id, key) VALUES ($1, $2) ON CONFLICT DO NOTHING`
 
+// MaxHandledKeyLength is the longest key [HandledOnce] keeps as it is;
+// longer ones are kept by their hash.
+const MaxHandledKeyLength = 512
+
 // HandledOnce claims key in the handled table inside tx and reports whether
 // this is the first claim. Call it in the same transaction as the job's
 // database writes and run the guarded effect only when it returns true: the
@@ -145,11 +151,19 @@ const handledSQL = `INSERT INTO handled (tenant_id, key) VALUES ($1, $2) ON CONF
 // has a window: if the process dies after the effect and before the commit,
 // the claim rolls back and the effect repeats. Make such effects idempotent
 // on the key at the receiver where possible.
+//
+// A key longer than [MaxHandledKeyLength] bytes is kept by its SHA-256
+// ("sha256:" and 64 hex digits): a btree entry holds about 2.7 KB.
 func HandledOnce(ctx context.Context, tx *framework.Tx, key string) (bool, error) {
 	if key == "" {
 		return false, fmt.Errorf("jobs: HandledOnce: empty key")
 	}
-	tag, err := tx.Exec(ctx, handledSQL, tx.TenantID(), key)
+	stored := key
+	if len(key) > MaxHandledKeyLength {
+		sum := sha256.Sum256([]byte(key))
+		stored = "sha256:" + hex.EncodeToString(sum[:])
+	}
+	tag, err := tx.Exec(ctx, handledSQL, tx.TenantID(), stored)
 	if err != nil {
 		return false, fmt.Errorf("jobs: claim %q: %w", key, err)
 	}

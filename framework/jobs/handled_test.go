@@ -2,6 +2,8 @@ package jobs_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -58,4 +60,35 @@ func TestPruneHandled(t *testing.T) {
 	n, err = jobs.PruneHandled(ctx, db.Pool, 90)
 	require.NoError(t, err)
 	require.Zero(t, n, "a second prune finds nothing")
+}
+
+// TestHandledOnceTakesALongKey: a key longer than a btree entry may be
+// (about 2.7 KB, less for text that compresses badly) failed every claim
+// with "index row size exceeds maximum", so the job failed on every attempt
+// and was archived. Long keys are kept by their hash; two different long
+// keys sharing a prefix stay apart.
+func TestHandledOnceTakesALongKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := kumikotest.NewDB(t)
+	rt, err := framework.NewRuntime(framework.NewRegistry(), db.Pool, nil)
+	require.NoError(t, err)
+	claim := func(key string) bool {
+		var first bool
+		_, err := rt.InTx(ctx, "acme", framework.Metadata{}, func(ctx context.Context, tx *framework.Tx) error {
+			var err error
+			first, err = jobs.HandledOnce(ctx, tx, key)
+			return err
+		})
+		require.NoError(t, err)
+		return first
+	}
+	random := make([]byte, 3000)
+	_, _ = rand.Read(random)
+	long := "mail:" + base64.StdEncoding.EncodeToString(random) // about 4 KB that does not compress
+	require.True(t, claim(long))
+	require.False(t, claim(long), "the long key's effect happens once")
+	require.True(t, claim(long+"x"), "another long key is another claim")
+	require.True(t, claim(long[:jobs.MaxHandledKeyLength]), "a key of the longest length kept as it is")
+	require.False(t, claim(long[:jobs.MaxHandledKeyLength]))
 }
