@@ -46,7 +46,7 @@ func (s *Server) SetIdempotency(store *idempotency.Store) { s.idem = store }
 // keyedBody is what the idempotency middleware reads of a write or batch
 // body: the key and what the fingerprint covers.
 type keyedBody struct {
-	RequestID string           `json:"requestId"`
+	RequestID *string          `json:"requestId"`
 	Type      string           `json:"type"`
 	Payload   json.RawMessage  `json:"payload"`
 	Commands  []commandRequest `json:"commands"`
@@ -90,15 +90,18 @@ func (s *Server) idempotent(next echo.HandlerFunc) echo.HandlerFunc {
 		var kb keyedBody
 		parsed := json.Unmarshal(body, &kb) == nil
 		key := header
-		if parsed && kb.RequestID != "" {
-			if header != "" && header != kb.RequestID {
+		// A key given empty is refused like any invalid key: the client
+		// meant to be protected, and running unkeyed would not protect it.
+		keyed := len(req.Header.Values(HeaderIdempotencyKey)) == 1
+		if parsed && kb.RequestID != nil {
+			if header != "" && header != *kb.RequestID {
 				return &framework.Error{Code: framework.CodeBadRequest,
 					Message: "the Idempotency-Key header and the body's requestId differ; send one key",
-					Details: map[string]any{"header": shownKey(header), "requestId": shownKey(kb.RequestID)}}
+					Details: map[string]any{"header": shownKey(header), "requestId": shownKey(*kb.RequestID)}}
 			}
-			key = kb.RequestID
+			key, keyed = *kb.RequestID, true
 		}
-		if key == "" {
+		if !keyed {
 			return next(c)
 		}
 		if !idempotency.ValidKey(key) {

@@ -290,6 +290,15 @@ func TestIdempotencyKeyInBody(t *testing.T) {
 		added: http.Header{web.HeaderIdempotencyKey: {key, "other-" + randHex(4)}}}).requireError(t, http.StatusBadRequest, "bad_request")
 	require.Contains(t, env.Error.Message, "one Idempotency-Key")
 	b.requireRows(t, 1, 1)
+	// A key given empty (header or body) is an invalid key, not "no key":
+	// the client meant to be protected. 400, nothing runs.
+	env = b.do(t, request{path: "/api/write", token: tok, body: place("Grace"),
+		added: http.Header{web.HeaderIdempotencyKey: {""}}}).requireError(t, http.StatusBadRequest, "bad_request")
+	require.Contains(t, env.Error.Message, "idempotency key must be 1 to")
+	emptyID := place("Grace")
+	emptyID["requestId"] = ""
+	b.keyed(t, "/api/write", tok, "", emptyID).requireError(t, http.StatusBadRequest, "bad_request")
+	b.requireRows(t, 1, 1)
 	// A huge requestId is not echoed whole.
 	huge := place("Grace")
 	huge["requestId"] = strings.Repeat("r", 100_000)
