@@ -240,6 +240,13 @@ func New(pool *pgxpool.Pool, reg *framework.Registry, consumers []Consumer, cfg 
 	if d.metrics, err = newMetrics(c.Metrics); err != nil {
 		return nil, err
 	}
+	// Every consumer's counters exist from the start, at 0: a series that
+	// appears with its first failure has no sample before it, so rate()
+	// and increase() miss that failure.
+	for _, cr := range d.consumers {
+		d.metrics.processed.WithLabelValues(cr.Name, cr.instance)
+		d.metrics.failed.WithLabelValues(cr.Name, cr.instance)
+	}
 	return d, nil
 }
 
