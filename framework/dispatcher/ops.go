@@ -139,7 +139,8 @@ type ConsumerStatus struct {
 	FailedPosition *int64 `json:"failedPosition,omitempty"`
 	// LastError is the failing event's last error, if any.
 	LastError string `json:"lastError,omitempty"`
-	// NextAttemptAt is when the failing event is retried, if any.
+	// NextAttemptAt is when the failing event is retried, if a retry is
+	// due (never for a dead or disabled consumer).
 	NextAttemptAt *time.Time `json:"nextAttemptAt,omitempty"`
 	// DeadSince is when the consumer turned dead, if it is dead.
 	DeadSince *time.Time `json:"deadSince,omitempty"`
@@ -292,6 +293,15 @@ func collectStatus(rows pgx.Rows, lagCap int64) ([]ConsumerStatus, error) {
 		s.Status = State(status)
 		if processing && s.Status == StateIdle {
 			s.Status = StateProcessing
+		}
+		// The row keeps a dead consumer's last backoff and, once it is
+		// disabled, its time of death: neither is a retry to come nor a
+		// death now.
+		if s.Status == StateDead || s.Status == StateDisabled {
+			s.NextAttemptAt = nil
+		}
+		if s.Status != StateDead {
+			s.DeadSince = nil
 		}
 		s.HeartbeatAge = time.Duration(ageSecs * float64(time.Second))
 		if s.Lag > lagCap {

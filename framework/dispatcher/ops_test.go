@@ -364,6 +364,32 @@ func TestDisableParksADeadConsumer(t *testing.T) {
 	require.Equal(t, dispatcher.StateDisabled, status(t, b, "test:broken", "").Status)
 }
 
+// Status claims no death and no retry that is not there: a dead consumer
+// retries nothing until an operator or the revival acts (the backoff of
+// its last failure is no next attempt), and a consumer disabled while dead
+// is disabled, not dead since then. Its failure record stays.
+func TestStatusOfAParkedConsumerShowsNoDeathOrRetry(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(b *bundle) {
+		flaky(b, "broken", &framework.ProjectionOptions{MaxAttempts: 1}, poisonAt(0))
+	})
+	d := newDispatcher(t, b, &dispatcher.Config{InstanceID: "pod-1", RetryBaseDelay: time.Hour, RetryMaxDelay: time.Hour})
+	b.write(t, "t1", 0, 1, 1)
+	untilDead(t, b, d, "test:broken", dispatcher.SharedInstance)
+	st := status(t, b, "test:broken", "")
+	require.NotNil(t, st.DeadSince)
+	require.Nil(t, st.NextAttemptAt, "a dead consumer has no next attempt")
+
+	require.NoError(t, dispatcher.Disable(context.Background(), b.db.Pool, "test:broken", ""))
+	st = status(t, b, "test:broken", "")
+	require.Equal(t, dispatcher.StateDisabled, st.Status)
+	require.Nil(t, st.DeadSince, "disabled, not dead")
+	require.Nil(t, st.NextAttemptAt, "a disabled consumer has no next attempt")
+	require.Equal(t, 1, st.Attempts)
+	require.NotNil(t, st.FailedPosition)
+	require.Contains(t, st.LastError, "poison pill")
+}
+
 func TestDisableRefusesDisabled(t *testing.T) {
 	t.Parallel()
 	b := setup(t, func(b *bundle) { recorder(b, "a", nil) })

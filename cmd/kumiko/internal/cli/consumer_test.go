@@ -259,6 +259,21 @@ func testConsumerDisableEnable(t *testing.T, bin string) {
 	requireRefused(t, out, errOut, code, "consumer ops:local (instance pod-1) is idle; enable needs disabled")
 	out, errOut, code = f.run(t, "consumer", "enable", "ops:broken")
 	requireRefused(t, out, errOut, code, "consumer ops:broken is dead; enable needs disabled")
+
+	// Disabled while dead: disabled, not "disabled since" its death, and
+	// no next attempt; the failure stays on record.
+	out, errOut, code = f.run(t, "consumer", "status", "ops:broken")
+	require.Zero(t, code, errOut)
+	require.Regexp(t, `(?m)^status:\s+dead since \d{4}-`, out)
+	require.NotContains(t, out, "next attempt")
+	out, errOut, code = f.run(t, "consumer", "disable", "ops:broken")
+	require.Zero(t, code, errOut)
+	require.Equal(t, "disabled consumer ops:broken\n", out)
+	out, errOut, code = f.run(t, "consumer", "status", "ops:broken")
+	require.Zero(t, code, errOut)
+	require.Regexp(t, `(?m)^status:\s+disabled$`, out)
+	require.NotContains(t, out, "next attempt")
+	require.Regexp(t, `(?m)^last error:\s+.*broken handler`, out)
 }
 
 func testConsumerRewind(t *testing.T, bin string) {
