@@ -2,6 +2,7 @@ package entrypoint_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -218,8 +219,16 @@ func TestModes(t *testing.T) {
 				t.Helper()
 				require.True(t, strings.Contains(metrics, line), "/metrics lacks %s", line)
 			}
-			for _, m := range []string{"go_goroutines ", "process_resident_memory_bytes ", "kumiko_event_visibility_lag_seconds "} {
+			for _, m := range []string{"go_goroutines ", "process_resident_memory_bytes ", "kumiko_event_visibility_lag_seconds ",
+				"kumiko_dispatcher_listen_connected "} {
 				has(m)
+			}
+			// Every consumer of the process has its series, labelled by
+			// consumer and instance_id, before anything failed.
+			for _, c := range expectedConsumers(t, mode, inst) {
+				name, instance, _ := strings.Cut(c, "/")
+				has(fmt.Sprintf("kumiko_event_consumer_events_failed_total{consumer=%q,instance_id=%q} 0\n", name, instance))
+				has(fmt.Sprintf("kumiko_event_consumer_events_processed_total{consumer=%q,instance_id=%q} ", name, instance))
 			}
 			if tc.httpAPI {
 				has(`kumiko_http_requests_total{code="200",method="POST",route="/api/write"} 1`)
