@@ -360,7 +360,9 @@ var ErrDrainTimeout = errors.New("entrypoint: drain timeout exceeded")
 // Run serves until ctx ends, then drains: readiness turns 503 at once, SSE
 // streams end cleanly, in-flight requests finish, the dispatcher finishes
 // its pass, the shutdown hooks run (in reverse order of registration) and
-// the pools close. It returns nil on a clean shutdown, ErrDrainTimeout when the drain
+// the pools close. The HTTP server of the api and all-in-one modes stops
+// accepting at once; a worker's health and metrics server keeps answering
+// until its work has stopped. It returns nil on a clean shutdown, ErrDrainTimeout when the drain
 // timeout fired, or the error that stopped the process. When the drain
 // timeout fires, the connections of requests still running are closed (their
 // contexts end) and Run returns at once; the shutdown hooks run, and the pools
@@ -411,11 +413,15 @@ func (a *App) Serve(ctx context.Context, ln net.Listener) error {
 		wg.Go(func() { a.migrated.run(workCtx, a.pool, a.migrations, a.log) })
 	}
 	a.runJobs(workCtx, &wg, errc)
-	wg.Go(func() {
+	// The HTTP server is not in wg: a worker's health server outlives the
+	// work it reports on (see the drain below).
+	httpDone := make(chan struct{})
+	go func() {
+		defer close(httpDone)
 		if err := a.httpSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			errc <- fmt.Errorf("http: %w", err)
 		}
-	})
+	}()
 	a.state.Store(StateReady)
 	a.log.Info("process ready", "mode", string(a.mode), "instance_id", a.instanceID)
 
@@ -437,9 +443,17 @@ func (a *App) Serve(ctx context.Context, ln net.Listener) error {
 			// would wait for them until the drain timeout.
 			a.hub.Close()
 		}
-		_ = a.httpSrv.Shutdown(drainCtx)
+		if a.web != nil {
+			// API and all-in-one: stop accepting at once (§7).
+			_ = a.httpSrv.Shutdown(drainCtx)
+		}
 		stopWork()
 		wg.Wait()
+		// A worker accepts no work over HTTP: its health server keeps
+		// answering while the worker drains (/health/ready 503 with the
+		// state draining, /health/live 200) and stops once the work has.
+		_ = a.httpSrv.Shutdown(drainCtx)
+		<-httpDone
 		a.runHooks(drainCtx)
 	}()
 	select {
