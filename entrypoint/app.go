@@ -266,6 +266,9 @@ func (a *App) consumers() []dispatcher.Consumer {
 		p := a.reg.Projection(c.Name)
 		if a.runs(p.Options().RunIn, c.Delivery) {
 			out = append(out, c)
+		} else if a.mode == config.ModeWorker && c.Delivery == framework.DeliveryShared && p.Options().RunIn == framework.RunInAPI {
+			a.log.Warn("a shared projection with runIn api runs only in all-in-one processes: api processes run no shared consumers, workers only runIn worker or both",
+				"projection", c.Name)
 		}
 	}
 	if a.hub != nil {
@@ -274,11 +277,13 @@ func (a *App) consumers() []dispatcher.Consumer {
 	return out
 }
 
-// runs applies the mode table to one consumer.
+// runs applies the mode table (ARCHITECTURE §7) to one consumer: an api
+// process runs no shared consumers, only per-instance ones; a worker the
+// shared ones of runIn worker or both; all-in-one everything.
 func (a *App) runs(runIn framework.RunIn, delivery framework.Delivery) bool {
 	switch a.mode {
 	case config.ModeAPI:
-		return delivery == framework.DeliveryPerInstance || runIn == framework.RunInAPI || runIn == framework.RunInBoth
+		return delivery == framework.DeliveryPerInstance
 	case config.ModeWorker:
 		return delivery != framework.DeliveryPerInstance && (runIn == framework.RunInWorker || runIn == framework.RunInBoth)
 	default:

@@ -7,7 +7,7 @@
 // What each mode runs (ARCHITECTURE.md §7):
 //
 //	mode        HTTP                     shared consumers    per-instance consumers (SSE)  job lanes
-//	api         API, SSE, health         runIn api/both      yes                           api, only with RunLocalJobs
+//	api         API, SSE, health         none                yes                           api, only with RunLocalJobs
 //	worker      health + metrics only    runIn worker/both   no                            worker
 //	all-in-one  API, SSE, health         all                 yes                           api and worker
 //

@@ -43,7 +43,7 @@ func expectedConsumers(t *testing.T, mode, instance string) []string {
 		var runs bool
 		switch mode {
 		case "api":
-			runs = o.Delivery == framework.DeliveryPerInstance || o.RunIn == framework.RunInAPI || o.RunIn == framework.RunInBoth
+			runs = o.Delivery == framework.DeliveryPerInstance
 		case "worker":
 			runs = o.Delivery == framework.DeliveryShared && (o.RunIn == framework.RunInWorker || o.RunIn == framework.RunInBoth)
 		default:

@@ -25,9 +25,12 @@ type RunIn string
 const (
 	// RunInWorker runs in worker (and all-in-one) processes.
 	RunInWorker RunIn = "worker"
-	// RunInAPI runs in API (and all-in-one) processes.
+	// RunInAPI runs a job in the api lane (API processes with local jobs,
+	// and all-in-one ones); a shared projection with it runs only in
+	// all-in-one processes (see [ProjectionOptions].RunIn).
 	RunInAPI RunIn = "api"
-	// RunInBoth runs in every process kind.
+	// RunInBoth runs a shared projection in worker and all-in-one
+	// processes (API processes run no shared consumers); jobs refuse it.
 	RunInBoth RunIn = "both"
 )
 
@@ -49,7 +52,11 @@ type ProjectionOptions struct {
 	Table string
 	// Delivery is shared or per-instance. Defaults to DeliveryShared.
 	Delivery Delivery
-	// RunIn selects the process kind. Defaults to RunInWorker.
+	// RunIn selects the process kind of a shared projection: worker and
+	// both run it in worker and all-in-one processes, api only in
+	// all-in-one ones (api processes run no shared consumers, ARCHITECTURE
+	// §7). A per-instance projection runs in every api and all-in-one
+	// process whatever RunIn says. Defaults to RunInWorker.
 	RunIn RunIn
 	// SkipApplyErrors moves past a failing event (recording it as a dead
 	// letter) instead of retrying it. Defaults to false (strict).
