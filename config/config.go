@@ -579,17 +579,28 @@ func (l *loader) logLevel(name string) slog.Level {
 
 func (l *loader) instanceID(name string) string {
 	v, set := l.get(name)
-	if v == ReservedInstanceID {
-		l.failf(name, "%q is reserved for shared consumer delivery", v)
+	if !set {
 		return ""
 	}
-	if set && !validInstanceID(v) {
-		// The id is a path segment of the admin API, a metric label
-		// and a log field.
-		l.failf(name, "must be 1 to 253 letters, digits, '.', '_', ':' or '-', got %q", v)
+	if err := CheckInstanceID(v); err != nil {
+		l.failf(name, "%s", err)
 		return ""
 	}
 	return v
+}
+
+// CheckInstanceID returns why id cannot be a process's instance id, or
+// nil: it must be 1 to 253 ASCII letters, digits, '.', '_', ':' or '-'
+// (the id is a path segment of the admin API, a metric label and a log
+// field), and not [ReservedInstanceID].
+func CheckInstanceID(id string) error {
+	if id == ReservedInstanceID {
+		return fmt.Errorf("%q is reserved for shared consumer delivery", id)
+	}
+	if !validInstanceID(id) {
+		return fmt.Errorf("must be 1 to 253 letters, digits, '.', '_', ':' or '-', got %q", id)
+	}
+	return nil
 }
 
 // validInstanceID reports whether id is 1 to 253 ASCII letters, digits,

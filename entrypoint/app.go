@@ -56,8 +56,9 @@ type Options struct {
 	// and the job runner wait for (they start once every migration of it
 	// is applied). Defaults to Kumiko's embedded migrations.
 	Migrations fs.FS
-	// InstanceID overrides Config.InstanceID. Defaults to the config's
-	// value, else a random id.
+	// InstanceID overrides Config.InstanceID, checked as KUMIKO_INSTANCE_ID
+	// is ([config.CheckInstanceID]). Defaults to the config's value, else a
+	// random id.
 	InstanceID string
 	// Routes adds the application's own routes (pages, webhooks) to the
 	// HTTP server of the api and all-in-one modes; they get request ids,
@@ -121,6 +122,11 @@ func New(ctx context.Context, opts Options) (_ *App, err error) {
 		return nil, errors.New("entrypoint: Config and Register are required")
 	}
 	cfg := opts.Config
+	if opts.InstanceID != "" {
+		if err := config.CheckInstanceID(opts.InstanceID); err != nil {
+			return nil, fmt.Errorf("entrypoint: InstanceID: %w", err)
+		}
+	}
 	a := &App{
 		cfg:        cfg,
 		mode:       cmp.Or(cfg.Mode, config.ModeAllInOne),

@@ -269,3 +269,16 @@ func TestReadinessOffWhileDraining(t *testing.T) {
 	require.NoError(t, s.stop(t))
 	require.Equal(t, entrypoint.StateStopped, s.app.State())
 }
+
+// TestBadInstanceIDOption: Options.InstanceID is checked as
+// KUMIKO_INSTANCE_ID is; it skipped the check, so an id with '/' (which no
+// admin path can name) or the shared consumers' reserved id booted.
+func TestBadInstanceIDOption(t *testing.T) {
+	t.Parallel()
+	db := kumikotest.NewDB(t)
+	cfg := newConfig(t, map[string]string{"APP_MODE": "api", "DATABASE_URL": db.URL})
+	for _, id := range []string{"pods/api-1", "__shared__", strings.Repeat("x", 254)} {
+		_, err := entrypoint.New(context.Background(), entrypoint.Options{Config: cfg, Register: features.Register, InstanceID: id})
+		require.ErrorContains(t, err, "entrypoint: InstanceID:", "id %q", id)
+	}
+}
