@@ -61,7 +61,8 @@ type ProjectionOptions struct {
 	// SkipApplyErrors moves past a failing event (recording it as a dead
 	// letter) instead of retrying it. Defaults to false (strict).
 	SkipApplyErrors bool
-	// MaxAttempts before the consumer turns dead. Defaults to 10.
+	// MaxAttempts before the consumer turns dead. Defaults to 10 (when 0);
+	// a negative one is a registration problem.
 	MaxAttempts int
 	// BatchSize is the number of events per pass; a negative one is a
 	// registration problem. Defaults to the dispatcher's batch size.
@@ -107,10 +108,16 @@ func MultiStreamProjection(f *Feature, name string, opts *ProjectionOptions) *Pr
 	}
 	o.Delivery = cmp.Or(o.Delivery, DeliveryShared)
 	o.RunIn = cmp.Or(o.RunIn, RunInWorker)
+	negativeAttempts := o.MaxAttempts < 0
 	if o.MaxAttempts <= 0 {
 		o.MaxAttempts = 10
 	}
 	p := registerProjection(f, name, KindMultiStream, o)
+	if negativeAttempts {
+		// Not silently the default: a negative limit is a mistake (0 is
+		// "the default"), as a negative BatchSize is.
+		f.reg.problem("projection %s: max attempts %d is negative", p.name, opts.MaxAttempts)
+	}
 	if o.Delivery != DeliveryShared && o.Delivery != DeliveryPerInstance {
 		f.reg.problem("projection %s: delivery %q is not shared or per-instance", p.name, o.Delivery)
 	}

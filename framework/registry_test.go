@@ -87,7 +87,7 @@ func TestBuildReportsEveryProblemAtOnce(t *testing.T) {
 	framework.On[regPayload](p, shipped, nil)
 	framework.InlineProjection(shop, "totals")
 	framework.MultiStreamProjection(shop, "Audit", nil)
-	framework.MultiStreamProjection(shop, "audit", &framework.ProjectionOptions{Delivery: "sometimes", RunIn: "nowhere", BatchSize: -1})
+	framework.MultiStreamProjection(shop, "audit", &framework.ProjectionOptions{Delivery: "sometimes", RunIn: "nowhere", BatchSize: -1, MaxAttempts: -3})
 
 	want := []string{
 		`kumiko: event shop:event:placed declared twice`,
@@ -116,6 +116,7 @@ func TestBuildReportsEveryProblemAtOnce(t *testing.T) {
 		`kumiko: projection shop:audit: delivery "sometimes" is not shared or per-instance`,
 		`kumiko: projection shop:audit: runIn "nowhere" is not api, worker or both`,
 		`kumiko: projection shop:audit: batch size -1 is negative`,
+		`kumiko: projection shop:audit: max attempts -3 is negative`,
 	}
 
 	err := r.Build()
