@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -572,4 +573,32 @@ func TestCachedQueryOfAnInterfaceInputWithoutPayload(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, "<nil>", out)
 	}
+}
+
+// TestGuardWarnsOnceWhileTheDatabaseIsDown: a guard that cannot read the
+// consumer's state keeps its hold and warns once, not on every read (every
+// 500 ms by default, for as long as the database is down).
+func TestGuardWarnsOnceWhileTheDatabaseIsDown(t *testing.T) {
+	t.Parallel()
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	logger := slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &mu}, nil))
+	c, err := cache.New(redistest.Shared(t), &cache.Config{Prefix: "kumiko-test:cache:" + randomHex(6), Logger: logger})
+	require.NoError(t, err)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close()) // nothing listens there now
+	pool, err := pgxpool.New(t.Context(), "postgres://postgres@"+addr+"/none?connect_timeout=1")
+	require.NoError(t, err)
+	defer pool.Close()
+
+	ctx, cancel := context.WithTimeout(t.Context(), 400*time.Millisecond)
+	defer cancel()
+	require.NoError(t, c.Guard(pool, 5*time.Millisecond).Run(ctx))
+	mu.Lock()
+	out := logs.String()
+	mu.Unlock()
+	require.Equal(t, 1, strings.Count(out, "cache guard: read the invalidation consumer's state"), "%s", out)
+	require.True(t, c.Held())
 }

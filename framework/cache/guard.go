@@ -45,7 +45,14 @@ type Guard struct {
 	// has been logged as a warning (Run's goroutine only). The hold the
 	// guard starts with is not: its release is no news.
 	checked, warned bool
+	// readFailing is when the reads of the row began to fail (zero: the
+	// last one succeeded); readWarned when that was last logged.
+	readFailing, readWarned time.Time
 }
+
+// guardWarnEvery is how often a guard that cannot read the consumer's
+// state says so again.
+const guardWarnEvery = time.Minute
 
 // Guard returns a guard of c that reads the invalidation consumer's state
 // from pool (the primary) every interval (<= 0: [DefaultGuardInterval]).
@@ -108,6 +115,10 @@ func (g *Guard) check(ctx context.Context) {
 		lastErr string
 	)
 	err := g.pool.QueryRow(ctx, guardSQL, ConsumerName, dispatcher.SharedInstance).Scan(&status, &failing, &lastErr)
+	if (err == nil || errors.Is(err, pgx.ErrNoRows)) && !g.readFailing.IsZero() {
+		g.c.log.Info("cache guard: reads the invalidation consumer's state again", "failed_for", time.Since(g.readFailing).Round(time.Millisecond))
+		g.readFailing, g.readWarned = time.Time{}, time.Time{}
+	}
 	switch {
 	case errors.Is(err, pgx.ErrNoRows) && !g.checked:
 		// At boot the dispatcher of this process may not have registered
@@ -116,8 +127,19 @@ func (g *Guard) check(ctx context.Context) {
 	case errors.Is(err, pgx.ErrNoRows):
 		g.hold(true, "the invalidation consumer is not registered: no worker has run it")
 	case err != nil:
-		if !errors.Is(ctx.Err(), context.Canceled) { // not at shutdown
-			g.c.log.Warn("cache guard: read the invalidation consumer's state", "error", err)
+		if errors.Is(ctx.Err(), context.Canceled) { // shutdown
+			return
+		}
+		// Once, then once a minute: the guard reads every interval for as
+		// long as the database is down.
+		now := time.Now()
+		if g.readFailing.IsZero() {
+			g.readFailing = now
+		}
+		if now.Sub(g.readWarned) >= guardWarnEvery {
+			g.readWarned = now
+			g.c.log.Warn("cache guard: read the invalidation consumer's state; the cache keeps its state meanwhile",
+				"error", err, "failing_for", now.Sub(g.readFailing).Round(time.Millisecond))
 		}
 		return
 	case status == string(dispatcher.StateDisabled) || status == string(dispatcher.StateDead):
