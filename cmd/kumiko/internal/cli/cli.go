@@ -35,6 +35,10 @@ func Main(ctx context.Context, args []string, register func(*framework.Registry,
 	root.SetArgs(args)
 	if err := root.ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(root.ErrOrStderr(), "kumiko:", err)
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+			fmt.Fprintln(root.ErrOrStderr(), "kumiko: the database lacks Kumiko's tables: is it migrated? run kumiko migrate")
+		}
 		return 1
 	}
 	return 0

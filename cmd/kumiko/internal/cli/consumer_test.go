@@ -3,6 +3,8 @@ package cli_test
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kumiko-go/kumiko/framework"
@@ -36,6 +39,7 @@ func TestConsumerCommands(t *testing.T) {
 		"rewind":          testConsumerRewind,
 		"remove-instance": testConsumerRemoveInstance,
 		"configuration":   testConsumerConfiguration,
+		"unmigrated":      testConsumerUnmigrated,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -347,4 +351,27 @@ func testConsumerConfiguration(t *testing.T, bin string) {
 	require.Equal(t, 1, code)
 	require.Empty(t, out)
 	require.Contains(t, errOut, "DATABASE_URL")
+}
+
+// testConsumerUnmigrated: against a database that was never migrated, an
+// ops verb says so and names the command that fixes it, instead of a bare
+// 'relation "event_consumers" does not exist'.
+func testConsumerUnmigrated(t *testing.T, bin string) {
+	ctx := context.Background()
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	name := "kumiko_cli_unmigrated_" + hex.EncodeToString(b)
+	admin, err := pgx.Connect(ctx, "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+		_ = admin.Close(ctx)
+	})
+	_, err = admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
+	require.NoError(t, err)
+	out, errOut, code := runKumiko(t, bin, []string{"DATABASE_URL=postgres://postgres@127.0.0.1:5432/" + name + "?sslmode=disable"}, "consumer", "list")
+	require.Equal(t, 1, code)
+	require.Empty(t, out)
+	require.Contains(t, errOut, "event_consumers")
+	require.Contains(t, errOut, "run kumiko migrate")
 }
