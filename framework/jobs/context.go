@@ -134,6 +134,13 @@ func (c *Context) Dispatch(ctx context.Context, name string, payload any, opts *
 
 const handledSQL = `INSERT INTO handled (tenant_id, key) VALUES ($1, $2) ON CONFLICT DO NOTHING`
 
+// handledLongSQL claims a long key by its hash ($2) unless the key itself
+// ($3) was claimed: releases before the hashing stored keys up to a btree
+// entry's limit as they are, and those claims still hold.
+const handledLongSQL = `INSERT INTO handled (tenant_id, key)
+SELECT $1, $2 WHERE NOT EXISTS (SELECT 1 FROM handled WHERE tenant_id = $1 AND key = $3)
+ON CONFLICT DO NOTHING`
+
 // MaxHandledKeyLength is the longest key [HandledOnce] keeps as it is;
 // longer ones are kept by their hash.
 const MaxHandledKeyLength = 512
@@ -153,17 +160,19 @@ const MaxHandledKeyLength = 512
 // on the key at the receiver where possible.
 //
 // A key longer than [MaxHandledKeyLength] bytes is kept by its SHA-256
-// ("sha256:" and 64 hex digits): a btree entry holds about 2.7 KB.
+// ("sha256:" and 64 hex digits): a btree entry holds about 2.7 KB. A claim
+// of such a key stored as it is (by a release before the hashing) still
+// counts.
 func HandledOnce(ctx context.Context, tx *framework.Tx, key string) (bool, error) {
 	if key == "" {
 		return false, fmt.Errorf("jobs: HandledOnce: empty key")
 	}
-	stored := key
+	sql, args := handledSQL, []any{tx.TenantID(), key}
 	if len(key) > MaxHandledKeyLength {
 		sum := sha256.Sum256([]byte(key))
-		stored = "sha256:" + hex.EncodeToString(sum[:])
+		sql, args = handledLongSQL, []any{tx.TenantID(), "sha256:" + hex.EncodeToString(sum[:]), key}
 	}
-	tag, err := tx.Exec(ctx, handledSQL, tx.TenantID(), stored)
+	tag, err := tx.Exec(ctx, sql, args...)
 	if err != nil {
 		return false, fmt.Errorf("jobs: claim %q: %w", key, err)
 	}

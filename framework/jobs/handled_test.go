@@ -92,3 +92,39 @@ func TestHandledOnceTakesALongKey(t *testing.T) {
 	require.True(t, claim(long[:jobs.MaxHandledKeyLength]), "a key of the longest length kept as it is")
 	require.False(t, claim(long[:jobs.MaxHandledKeyLength]))
 }
+
+// TestHandledOnceKeepsAnEarlierLongClaim: before long keys were hashed, a
+// key of 513 bytes up to a btree entry's limit was stored as it is; such a
+// claim, made by the earlier release and kept (for the 90 days an archived
+// run may be retried), still guards its effect. It was claimed afresh under
+// the key's hash, so the effect repeated after the upgrade.
+func TestHandledOnceKeepsAnEarlierLongClaim(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := kumikotest.NewDB(t)
+	rt, err := framework.NewRuntime(framework.NewRegistry(), db.Pool, nil)
+	require.NoError(t, err)
+	claim := func(tenant, key string) bool {
+		var first bool
+		_, err := rt.InTx(ctx, tenant, framework.Metadata{}, func(ctx context.Context, tx *framework.Tx) error {
+			var err error
+			first, err = jobs.HandledOnce(ctx, tx, key)
+			return err
+		})
+		require.NoError(t, err)
+		return first
+	}
+	random := make([]byte, 1500)
+	_, _ = rand.Read(random)
+	long := "mail:" + base64.StdEncoding.EncodeToString(random) // 2005 bytes, under the btree limit
+	// The earlier release's claim: the key as it is.
+	_, err = db.Pool.Exec(ctx, `INSERT INTO handled (tenant_id, key) VALUES ('acme', $1)`, long)
+	require.NoError(t, err)
+
+	require.False(t, claim("acme", long), "the earlier release's claim guards the effect")
+	require.True(t, claim("globex", long), "another tenant's key is another claim")
+	require.False(t, claim("globex", long))
+	var n int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM handled WHERE tenant_id = 'acme'`).Scan(&n))
+	require.Equal(t, 1, n, "no second claim beside the earlier one")
+}
