@@ -48,6 +48,7 @@ func TestDecodePayloadNamesTheKindAFieldTakes(t *testing.T) {
 		Blob   []byte        `json:"blob"`
 		Flag   *bool         `json:"flag"`
 		Inner  struct{}      `json:"inner"`
+		Amount json.Number   `json:"amount"`
 	}
 	for raw, want := range map[string]string{
 		`{"count":1.5}`:                  "count must be of type integer, got number 1.5",
@@ -64,6 +65,7 @@ func TestDecodePayloadNamesTheKindAFieldTakes(t *testing.T) {
 		`{"blob":5}`:                     "blob must be of type string, got number",
 		`{"flag":"yes"}`:                 "flag must be of type boolean, got string",
 		`{"inner":[]}`:                   "inner must be of type object, got array",
+		`{"amount":true}`:                "amount must be of type number, got bool",
 	} {
 		var in input
 		err := framework.DecodePayload(json.RawMessage(raw), &in)

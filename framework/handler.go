@@ -219,10 +219,13 @@ func decodeError(err error) error {
 // jsonKind names the JSON kind a value of Go type t decodes from, by its
 // kind rather than its name (a named string type takes a string, a
 // time.Duration an integer); a type that decodes itself from text only
-// (uuid.UUID, netip.Addr) takes a string.
+// (uuid.UUID, netip.Addr) takes a string; a json.Number a number.
 func jsonKind(t reflect.Type) string {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
+	}
+	if t == jsonNumberType {
+		return "number" // a string kind, but it takes a JSON number
 	}
 	if !reflect.PointerTo(t).Implements(jsonUnmarshalerType) && reflect.PointerTo(t).Implements(textUnmarshalerType) {
 		return "string"
@@ -252,6 +255,7 @@ func jsonKind(t reflect.Type) string {
 var (
 	jsonUnmarshalerType = reflect.TypeFor[json.Unmarshaler]()
 	textUnmarshalerType = reflect.TypeFor[encoding.TextUnmarshaler]()
+	jsonNumberType      = reflect.TypeFor[json.Number]()
 )
 
 // intRange returns the bounds of an integer type t.
