@@ -2,6 +2,8 @@ package entrypoint_test
 
 import (
 	"context"
+	"log/slog"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -11,6 +13,7 @@ import (
 	"github.com/kumiko-go/kumiko/framework/jobs/jobstest"
 	"github.com/kumiko-go/kumiko/framework/kumikotest"
 	"github.com/kumiko-go/kumiko/framework/sse"
+	"github.com/kumiko-go/kumiko/internal/proctest"
 )
 
 // TestAPIRunsNoSharedConsumers: ARCHITECTURE §7's table, "api: shared
@@ -38,10 +41,15 @@ func TestAPIRunsNoSharedConsumers(t *testing.T) {
 			t.Parallel()
 			db := kumikotest.NewDB(t)
 			cfg := newConfig(t, map[string]string{"APP_MODE": mode, "DATABASE_URL": db.URL, "REDIS_URL": rds.URL})
-			s := serve(t, entrypoint.Options{Config: cfg, Register: register, InstanceID: "sides-" + mode})
+			var logs proctest.Buffer
+			s := serve(t, entrypoint.Options{Config: cfg, Register: register, InstanceID: "sides-" + mode,
+				Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 			waitServedReady(t, s)
 			require.Equal(t, want, stateRows(t, db))
 			require.NoError(t, s.stop(t))
+			// The api-side projection runs in neither split mode: both say so.
+			warned := strings.Contains(logs.String(), "a shared projection with runIn api runs only in all-in-one processes")
+			require.Equal(t, mode != "all-in-one", warned, "%s", logs.String())
 		})
 	}
 }

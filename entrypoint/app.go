@@ -272,7 +272,8 @@ func (a *App) consumers() []dispatcher.Consumer {
 		p := a.reg.Projection(c.Name)
 		if a.runs(p.Options().RunIn, c.Delivery) {
 			out = append(out, c)
-		} else if a.mode == config.ModeWorker && c.Delivery == framework.DeliveryShared && p.Options().RunIn == framework.RunInAPI {
+		} else if c.Delivery == framework.DeliveryShared && p.Options().RunIn == framework.RunInAPI {
+			// Neither an api nor a worker process runs it (§7).
 			a.log.Warn("a shared projection with runIn api runs only in all-in-one processes: api processes run no shared consumers, workers only runIn worker or both",
 				"projection", c.Name)
 		}
