@@ -94,7 +94,7 @@ func (s *Server) idempotent(next echo.HandlerFunc) echo.HandlerFunc {
 		// meant to be protected, and running unkeyed would not protect it.
 		keyed := len(req.Header.Values(HeaderIdempotencyKey)) == 1
 		if parsed && kb.RequestID != nil {
-			if header != "" && header != *kb.RequestID {
+			if keyed && header != *kb.RequestID {
 				return &framework.Error{Code: framework.CodeBadRequest,
 					Message: "the Idempotency-Key header and the body's requestId differ; send one key",
 					Details: map[string]any{"header": shownKey(header), "requestId": shownKey(*kb.RequestID)}}

@@ -299,6 +299,14 @@ func TestIdempotencyKeyInBody(t *testing.T) {
 	emptyID["requestId"] = ""
 	b.keyed(t, "/api/write", tok, "", emptyID).requireError(t, http.StatusBadRequest, "bad_request")
 	b.requireRows(t, 1, 1)
+	// An empty header beside a requestId is two keys that differ: 400,
+	// as for any other header that is not the body's key.
+	otherID := place("Grace")
+	otherID["requestId"] = "body-" + randHex(8)
+	env = b.do(t, request{path: "/api/write", token: tok, body: otherID,
+		added: http.Header{web.HeaderIdempotencyKey: {""}}}).requireError(t, http.StatusBadRequest, "bad_request")
+	require.Contains(t, env.Error.Message, "differ")
+	b.requireRows(t, 1, 1)
 	// A huge requestId is not echoed whole.
 	huge := place("Grace")
 	huge["requestId"] = strings.Repeat("r", 100_000)
