@@ -313,11 +313,7 @@ func (s *Store) Begin(ctx context.Context, sc Scope, fp string) (*Claim, *Respon
 			owner, fp, s.lease.Milliseconds(), s.ttl.Milliseconds()).Slice()
 		cancel()
 		if ride != nil {
-			if err == nil {
-				ride() // answered before the claim: the pipeline keeps order
-			} else {
-				go ride()
-			}
+			ride(err == nil)
 			ride = nil
 		}
 		if err != nil {
@@ -380,8 +376,13 @@ const rideDelay = 2 * time.Millisecond
 // that the claim sent next shares their pipeline: under load, storing a
 // response then costs no round trip of its own, in this process or in
 // Redis. It returns what reports their outcomes once the claim was
-// answered, or nil when none was queued.
-func (s *Store) rideAlong() func() {
+// answered (claimed: it was, without error), or nil when none was queued.
+// That reports them at once when their answer is in (the pipeline keeps
+// order, so it came before the claim's), else from a goroutine of its own:
+// Begin never waits for them (after a NOSCRIPT answer, for instance, they
+// are sent again after the claim), which would bound it by their 10 s
+// instead of CallTimeout and its context.
+func (s *Store) rideAlong() func(claimed bool) {
 	if !s.batching {
 		return nil
 	}
@@ -391,9 +392,16 @@ func (s *Store) rideAlong() func() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
 	r := s.startFinishes(ctx, batch)
-	return func() {
+	report := func() {
 		defer cancel()
 		s.reportFinishes(ctx, batch, r)
+	}
+	return func(claimed bool) {
+		if claimed && r.Answered() {
+			report()
+			return
+		}
+		go report()
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -700,4 +701,60 @@ func TestQueuedResponseIsStoredWithoutAClaim(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("a queued response was not stored without a claim to carry it")
 	}
+}
+
+// slowFinishEval holds back, by delay, every command or pipeline that
+// carries the finish script's source (EVAL after a NOSCRIPT answer), as a
+// Redis that stalls right after answering a claim would.
+type slowFinishEval struct{ delay time.Duration }
+
+func (h slowFinishEval) hold(cmds ...redis.Cmder) {
+	for _, c := range cmds {
+		if a := c.Args(); len(a) > 1 && c.Name() == "eval" {
+			if src, _ := a[1].(string); strings.Contains(src, "'state', 'done'") {
+				time.Sleep(h.delay)
+			}
+		}
+	}
+}
+
+func (slowFinishEval) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h slowFinishEval) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, c redis.Cmder) error { h.hold(c); return next(ctx, c) }
+}
+func (h slowFinishEval) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error { h.hold(cmds...); return next(ctx, cmds) }
+}
+
+// TestClaimDoesNotWaitForTheResponsesItCarried: a claim answered in time
+// returns at once even when the responses it carried are not answered yet
+// (their script was not loaded, after a Redis restart or failover, and
+// must be sent again): Begin waited for them, past its CallTimeout and its
+// context, up to the 10 s of a batch.
+func TestClaimDoesNotWaitForTheResponsesItCarried(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	rdb.AddHook(slowFinishEval{delay: 2 * time.Second})
+	s, _ := newStore(t, rdb, idempotency.Config{CallTimeout: 300 * time.Millisecond})
+	idempotency.SetRideDelay(s, time.Hour)
+	ctx := t.Context()
+
+	first, _, err := s.Begin(ctx, scope("carried"), "fp")
+	require.NoError(t, err)
+	require.NoError(t, rdb.ScriptFlush(ctx).Err()) // as after a restart
+	done := make(chan error, 1)
+	first.FinishAsync(response("carried"), func(err error) { done <- err })
+
+	start := time.Now()
+	other, _, err := s.Begin(ctx, scope("carrier"), "fp")
+	took := time.Since(start)
+	require.NoError(t, err)
+	require.Less(t, took, time.Second, "Begin waited %s for the responses it carried", took)
+	require.NoError(t, <-done, "the carried response is stored all the same")
+	require.NoError(t, other.Finish(ctx, response("carrier")))
+	_, replay, err := s.Begin(ctx, scope("carried"), "fp")
+	require.NoError(t, err)
+	require.Equal(t, "carried", string(replay.Body))
+	require.NoError(t, s.Close(ctx))
 }

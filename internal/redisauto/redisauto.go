@@ -86,6 +86,22 @@ func (f Future) Wait(ctx context.Context) error {
 	}
 }
 
+// answered reports whether the command ran, so that Wait returns at once.
+func (f Future) answered() bool {
+	if f.done != nil {
+		select {
+		case <-f.done:
+			return true
+		default:
+			return false
+		}
+	}
+	// WaitContext looks at the command before the context.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return !errors.Is(f.f.WaitContext(ctx), context.Canceled)
+}
+
 // Do sends cmd and waits for its answer at most until ctx ends.
 func (c *Client) Do(ctx context.Context, cmd redis.Cmder) error {
 	return c.Send(ctx, cmd).Wait(ctx)
@@ -150,6 +166,13 @@ type Running struct {
 func (c *Client) Start(ctx context.Context, s *Script, keys []string, args ...any) *Running {
 	cmd := s.evalCmd(ctx, "evalsha", s.hash, keys, args)
 	return &Running{c: c, s: s, keys: keys, args: args, cmd: cmd, f: c.Send(ctx, cmd)}
+}
+
+// Answered reports whether [Running.Wait] would return at once: the
+// answer is in, and it is not NOSCRIPT (on which Wait sends the script
+// itself and waits again).
+func (r *Running) Answered() bool {
+	return r.f.answered() && !redis.HasErrorPrefix(r.cmd.Err(), "NOSCRIPT")
 }
 
 // Wait is [Running.WaitThen] without late.
