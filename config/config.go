@@ -343,9 +343,8 @@ func (c *Config) poolConfig(name, connString string) (*pgxpool.Config, error) {
 
 // RedisOptions returns fresh client options for RedisURL with
 // RedisConnectTimeout as DialTimeout, RedisCommandTimeout as ReadTimeout and
-// WriteTimeout, RedisMaxRetries as MaxRetries, and one dial per attempt
-// (DialerRetries 1) applied; they override dial_timeout, read_timeout,
-// write_timeout and max_retries in the URL. A
+// WriteTimeout, and RedisMaxRetries as MaxRetries applied; they override
+// dial_timeout, read_timeout, write_timeout and max_retries in the URL. A
 // zero command timeout or retry count is translated to go-redis's -1, which
 // means "none" (go-redis reads 0 as "use my default"). It fails only when
 // RedisURL does not parse, which [FromLookup] has already ruled out.
@@ -365,11 +364,13 @@ func (c *Config) RedisOptions() (*redis.Options, error) {
 	if opts.MaxRetries == 0 {
 		opts.MaxRetries = -1
 	}
-	// One dial per attempt: go-redis otherwise dials five times, 100 ms
-	// apart, on each of its command retries, so that while Redis refused
-	// connections a keyed write waited out its claim's whole bound (2 s)
-	// before its 503. The command retries above are the retries.
-	opts.DialerRetries = 1
+	// go-redis's own dial retries (five, 100 ms apart) stay: they ride
+	// over a Redis restart. With one dial per attempt, the pool refused
+	// every dial once PoolSize of them had failed, until its once-a-second
+	// probe got through, so a 150 ms restart failed commands for most of a
+	// second after Redis was back. The price: while Redis refuses
+	// connections, a keyed write waits out its claim's bound (2 s) before
+	// its 503.
 	return opts, nil
 }
 
