@@ -259,13 +259,17 @@ return 1`)
 
 // finishScript stores the responses of several records: KEYS the records;
 // ARGV ttl ms, then owner, status, header and body for each record. It
-// answers 1 (stored) or 0 (not the owner) for each record.
+// answers 1 (stored) or 0 (not the owner) for each record. A record its
+// owner finished already answers 1: go-redis may run the script again
+// when its first answer was lost.
 var finishScript = redisauto.NewScript(`
 local out = {}
 for i, key in ipairs(KEYS) do
   local a = 2 + (i - 1) * 4
   local r = redis.call('HMGET', key, 'state', 'owner')
-  if r[1] ~= 'pending' or r[2] ~= ARGV[a] then
+  if r[1] == 'done' and r[2] == ARGV[a] then
+    out[i] = 1
+  elseif r[1] ~= 'pending' or r[2] ~= ARGV[a] then
     out[i] = 0
   else
     redis.call('HSET', key, 'state', 'done', 'status', ARGV[a + 1], 'header', ARGV[a + 2], 'body', ARGV[a + 3])

@@ -758,3 +758,20 @@ func TestClaimDoesNotWaitForTheResponsesItCarried(t *testing.T) {
 	require.Equal(t, "carried", string(replay.Body))
 	require.NoError(t, s.Close(ctx))
 }
+
+// TestFinishRunTwiceByItsOwner: a finish script that runs twice for the
+// same owner (go-redis retries a command whose answer was lost) answers
+// the second time that the response is stored, not ErrNotOwner, which
+// the web layer logs as a take-over by a newer owner.
+func TestFinishRunTwiceByItsOwner(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t, redistest.Shared(t), idempotency.Config{})
+	ctx := t.Context()
+	claim, _, err := s.Begin(ctx, scope("finish-twice"), "fp")
+	require.NoError(t, err)
+	require.NoError(t, claim.Finish(ctx, response("once")))
+	require.NoError(t, claim.Finish(ctx, response("once")), "the owner's own response is stored")
+	_, replay, err := s.Begin(ctx, scope("finish-twice"), "fp")
+	require.NoError(t, err)
+	require.Equal(t, "once", string(replay.Body))
+}
