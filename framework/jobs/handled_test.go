@@ -21,22 +21,11 @@ func TestPruneHandled(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := kumikotest.NewDB(t)
-	rt, err := framework.NewRuntime(framework.NewRegistry(), db.Pool, nil)
-	require.NoError(t, err)
-	claim := func(tenant, key string) bool {
-		var first bool
-		_, err := rt.InTx(ctx, tenant, framework.Metadata{}, func(ctx context.Context, tx *framework.Tx) error {
-			var err error
-			first, err = jobs.HandledOnce(ctx, tx, key)
-			return err
-		})
-		require.NoError(t, err)
-		return first
-	}
+	claim := claimer(t, db)
 	for _, k := range []struct{ tenant, key string }{{"acme", "old-1"}, {"globex", "old-2"}, {"acme", "new"}} {
 		require.True(t, claim(k.tenant, k.key))
 	}
-	_, err = db.Pool.Exec(ctx, `UPDATE handled SET handled_at = now() - interval '91 days' WHERE key LIKE 'old-%'`)
+	_, err := db.Pool.Exec(ctx, `UPDATE handled SET handled_at = now() - interval '91 days' WHERE key LIKE 'old-%'`)
 	require.NoError(t, err)
 
 	_, err = jobs.PruneHandled(ctx, db.Pool, 0)
@@ -69,20 +58,9 @@ func TestPruneHandled(t *testing.T) {
 // keys sharing a prefix stay apart.
 func TestHandledOnceTakesALongKey(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	db := kumikotest.NewDB(t)
-	rt, err := framework.NewRuntime(framework.NewRegistry(), db.Pool, nil)
-	require.NoError(t, err)
-	claim := func(key string) bool {
-		var first bool
-		_, err := rt.InTx(ctx, "acme", framework.Metadata{}, func(ctx context.Context, tx *framework.Tx) error {
-			var err error
-			first, err = jobs.HandledOnce(ctx, tx, key)
-			return err
-		})
-		require.NoError(t, err)
-		return first
-	}
+	claimAs := claimer(t, db)
+	claim := func(key string) bool { return claimAs("acme", key) }
 	random := make([]byte, 3000)
 	_, _ = rand.Read(random)
 	long := "mail:" + base64.StdEncoding.EncodeToString(random) // about 4 KB that does not compress
@@ -102,23 +80,12 @@ func TestHandledOnceKeepsAnEarlierLongClaim(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := kumikotest.NewDB(t)
-	rt, err := framework.NewRuntime(framework.NewRegistry(), db.Pool, nil)
-	require.NoError(t, err)
-	claim := func(tenant, key string) bool {
-		var first bool
-		_, err := rt.InTx(ctx, tenant, framework.Metadata{}, func(ctx context.Context, tx *framework.Tx) error {
-			var err error
-			first, err = jobs.HandledOnce(ctx, tx, key)
-			return err
-		})
-		require.NoError(t, err)
-		return first
-	}
+	claim := claimer(t, db)
 	random := make([]byte, 1500)
 	_, _ = rand.Read(random)
 	long := "mail:" + base64.StdEncoding.EncodeToString(random) // 2005 bytes, under the btree limit
 	// The earlier release's claim: the key as it is.
-	_, err = db.Pool.Exec(ctx, `INSERT INTO handled (tenant_id, key) VALUES ('acme', $1)`, long)
+	_, err := db.Pool.Exec(ctx, `INSERT INTO handled (tenant_id, key) VALUES ('acme', $1)`, long)
 	require.NoError(t, err)
 
 	require.False(t, claim("acme", long), "the earlier release's claim guards the effect")
@@ -127,4 +94,24 @@ func TestHandledOnceKeepsAnEarlierLongClaim(t *testing.T) {
 	var n int
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM handled WHERE tenant_id = 'acme'`).Scan(&n))
 	require.Equal(t, 1, n, "no second claim beside the earlier one")
+}
+
+// claimer returns a function that claims key for tenant with HandledOnce
+// in a transaction of its own on db, and reports whether it was the first
+// claim.
+func claimer(t *testing.T, db *kumikotest.DB) func(tenant, key string) bool {
+	t.Helper()
+	rt, err := framework.NewRuntime(framework.NewRegistry(), db.Pool, nil)
+	require.NoError(t, err)
+	return func(tenant, key string) bool {
+		t.Helper()
+		var first bool
+		_, err := rt.InTx(context.Background(), tenant, framework.Metadata{}, func(ctx context.Context, tx *framework.Tx) error {
+			var err error
+			first, err = jobs.HandledOnce(ctx, tx, key)
+			return err
+		})
+		require.NoError(t, err)
+		return first
+	}
 }
