@@ -3,8 +3,6 @@ package cli_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -357,17 +355,8 @@ func testConsumerConfiguration(t *testing.T, bin string) {
 // ops verb says so and names the command that fixes it, instead of a bare
 // 'relation "event_consumers" does not exist'.
 func testConsumerUnmigrated(t *testing.T, bin string) {
-	ctx := context.Background()
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	name := "kumiko_cli_unmigrated_" + hex.EncodeToString(b)
-	admin, err := pgx.Connect(ctx, "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_, _ = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
-		_ = admin.Close(ctx)
-	})
-	_, err = admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
+	name, admin := unusedDatabase(t, "kumiko_cli_unmigrated_")
+	_, err := admin.Exec(context.Background(), "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
 	require.NoError(t, err)
 	out, errOut, code := runKumiko(t, bin, []string{"DATABASE_URL=postgres://postgres@127.0.0.1:5432/" + name + "?sslmode=disable"}, "consumer", "list")
 	require.Equal(t, 1, code)

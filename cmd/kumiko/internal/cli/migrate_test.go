@@ -29,15 +29,7 @@ func TestConcurrentMigratesCreateTheDatabaseOnce(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "kumiko")
 	out, err := exec.Command("go", "build", "-o", bin, "github.com/kumiko-go/kumiko/cmd/kumiko").CombinedOutput()
 	require.NoError(t, err, string(out))
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	name := "kumiko_cli_create_" + hex.EncodeToString(b)
-	admin, err := pgx.Connect(ctx, "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		_, _ = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
-		_ = admin.Close(ctx)
-	})
+	name, admin := unusedDatabase(t, "kumiko_cli_create_")
 
 	const n = 4
 	type result struct {
@@ -95,4 +87,22 @@ func TestMigrateStatusReportsEventLogAhead(t *testing.T) {
 	require.Equal(t, stdout, stdout2)
 	require.Contains(t, stderr, fmt.Sprintf("warning: eventstore: the event log's largest commit key %d ", epoch<<32|5))
 	require.Contains(t, stderr, fmt.Sprintf("pg_resetwal -e %d ", epoch+1))
+}
+
+// unusedDatabase returns the name of a database that does not exist yet,
+// which is dropped when the test ends, and a connection to the server's
+// postgres database (closed then) to create it with.
+func unusedDatabase(t *testing.T, prefix string) (string, *pgx.Conn) {
+	t.Helper()
+	ctx := context.Background()
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	name := prefix + hex.EncodeToString(b)
+	admin, err := pgx.Connect(ctx, "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+		_ = admin.Close(ctx)
+	})
+	return name, admin
 }
