@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kumiko-go/kumiko/framework"
@@ -74,5 +75,92 @@ func TestDecodePayloadNamesTheKindAFieldTakes(t *testing.T) {
 		require.Len(t, ve.Fields, 1, raw)
 		require.Equal(t, want, ve.Fields[0].Message, raw)
 		require.Equal(t, "type", ve.Fields[0].Rule, raw)
+	}
+}
+
+// The payload shapes of the field path tests: nested and pointed-to
+// structs, slices and arrays of them, maps, embedded structs (exported and
+// not, by value and by pointer, promoted and tagged), a json:"-" field and
+// a non-empty interface.
+type (
+	pathAddress struct {
+		Zip string `json:"zip" validate:"omitempty,len=5"`
+	}
+	pathItem struct {
+		SKU string `json:"sku" validate:"required"`
+		Qty int    `json:"qty" validate:"gte=0"`
+	}
+	PathPromoted struct {
+		N int `json:"n" validate:"gte=0"`
+	}
+	PathPointed struct {
+		P int `json:"p" validate:"gte=0"`
+	}
+	pathUnexported struct {
+		U int `json:"u" validate:"gte=0"`
+	}
+	PathTagged struct {
+		T int `json:"t" validate:"gte=0"`
+	}
+	pathShape interface{ Area() float64 }
+	pathInput struct {
+		PathPromoted
+		*PathPointed
+		pathUnexported
+		PathTagged `json:"tagged"`
+		Customer   string              `validate:"max=3"`
+		Address    pathAddress         `json:"address"`
+		Billing    *pathAddress        `json:"billing"`
+		Items      []pathItem          `json:"items" validate:"dive"`
+		ItemPtrs   []*pathItem         `json:"itemPtrs" validate:"dive"`
+		Pair       [2]pathItem         `json:"pair"`
+		ByKey      map[string]pathItem `json:"byKey" validate:"dive"`
+		Counts     map[int]int         `json:"counts"`
+		Levels     map[uint8]int       `json:"levels"`
+		At         time.Time           `json:"at"`
+		ID         uuid.UUID           `json:"id"`
+		Shape      pathShape           `json:"shape"`
+		Amount     int                 `json:"amount,string"`
+		Email      string              `json:"email,omitempty" validate:"omitempty,email"`
+		Secret     string              `json:"-" validate:"required"`
+	}
+)
+
+// A field error names the field by its JSON path as the client wrote it:
+// through embedded structs (not "PathPromoted.n"), with the index of a slice
+// or array element (not "items.sku"), the key of a map entry, the object an
+// unknown field sits in; and a value a custom or text unmarshaler refuses
+// (a time, a UUID) names its field rather than failing the whole payload.
+func TestDecodePayloadNamesTheFieldByItsJSONPath(t *testing.T) {
+	t.Parallel()
+	for raw, want := range map[string]framework.FieldError{
+		`{"n":"x"}`:                          {Field: "n", Rule: "type", Param: "integer", Message: "n must be of type integer, got string"},
+		`{"p":"x"}`:                          {Field: "p", Rule: "type", Param: "integer", Message: "p must be of type integer, got string"},
+		`{"u":"x"}`:                          {Field: "u", Rule: "type", Param: "integer", Message: "u must be of type integer, got string"},
+		`{"tagged":{"t":"x"}}`:               {Field: "tagged.t", Rule: "type", Param: "integer", Message: "tagged.t must be of type integer, got string"},
+		`{"customer":5}`:                     {Field: "customer", Rule: "type", Param: "string", Message: "customer must be of type string, got number"},
+		`{"billing":{"zip":5}}`:              {Field: "billing.zip", Rule: "type", Param: "string", Message: "billing.zip must be of type string, got number"},
+		`{"items":[{},{},{"sku":5}]}`:        {Field: "items[2].sku", Rule: "type", Param: "string", Message: "items[2].sku must be of type string, got number"},
+		`{"itemPtrs":[null,{"qty":1.5}]}`:    {Field: "itemPtrs[1].qty", Rule: "type", Param: "integer", Message: "itemPtrs[1].qty must be of type integer, got number 1.5"},
+		`{"pair":[{},{"qty":"1"}]}`:          {Field: "pair[1].qty", Rule: "type", Param: "integer", Message: "pair[1].qty must be of type integer, got string"},
+		`{"items":[{"sku":"a"},7]}`:          {Field: "items[1]", Rule: "type", Param: "object", Message: "items[1] must be of type object, got number"},
+		`{"byKey":{"k":{"sku":5}}}`:          {Field: "byKey.k.sku", Rule: "type", Param: "string", Message: "byKey.k.sku must be of type string, got number"},
+		`{"byKey":{"a.b":{"sku":5}}}`:        {Field: `byKey["a.b"].sku`, Rule: "type", Param: "string", Message: `byKey["a.b"].sku must be of type string, got number`},
+		`{"address":{"zipp":"1"}}`:           {Field: "address.zipp", Rule: "unknown", Message: `unknown field "address.zipp"`},
+		`{"items":[{"sku":"a"},{"skux":1}]}`: {Field: "items[1].skux", Rule: "unknown", Message: `unknown field "items[1].skux"`},
+		`{"Secret":"x"}`:                     {Field: "Secret", Rule: "unknown", Message: `unknown field "Secret"`},
+		`{"counts":{"1":1,"a":2}}`:           {Field: "counts", Rule: "type", Param: "integer", Message: `counts keys must be integers, got "a"`},
+		`{"levels":{"300":1}}`:               {Field: "levels", Rule: "type", Param: "integer", Message: `levels keys must be integers from 0 to 255, got "300"`},
+		`{"at":5}`:                           {Field: "at", Rule: "json", Message: "at is not valid: Time.UnmarshalJSON: input is not a JSON string"},
+		`{"id":"nope"}`:                      {Field: "id", Rule: "json", Message: "id is not valid: invalid UUID length: 4"},
+		`{"shape":{}}`:                       {Field: "shape", Rule: "type", Param: "null", Message: "shape cannot be decoded from JSON (it takes only null), got object"},
+		`{"amount":5}`:                       {Field: "amount", Rule: "type", Param: "string", Message: "amount must be of type string holding an integer, got number"},
+		`{"amount":"x"}`:                     {Field: "amount", Rule: "type", Param: "string", Message: "amount must be of type string holding an integer, got string"},
+	} {
+		var in pathInput
+		err := framework.DecodePayload(json.RawMessage(raw), &in)
+		var ve *framework.ValidationError
+		require.ErrorAs(t, err, &ve, raw)
+		require.Equal(t, []framework.FieldError{want}, ve.Fields, raw)
 	}
 }

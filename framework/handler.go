@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/big"
 	"reflect"
 	"strconv"
 	"strings"
@@ -178,7 +177,7 @@ func DecodePayload(payload json.RawMessage, v any) error {
 		dec := json.NewDecoder(bytes.NewReader(trimmed))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(v); err != nil {
-			return decodeError(err)
+			return decodeError(trimmed, v, err)
 		}
 		if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 			return &ValidationError{Fields: []FieldError{{Field: "", Rule: "json", Message: "payload has trailing data"}}}
@@ -187,26 +186,19 @@ func DecodePayload(payload json.RawMessage, v any) error {
 	return ValidatePayload(v)
 }
 
-// decodeError turns encoding/json errors into field errors.
-func decodeError(err error) error {
+// decodeError turns the encoding/json error of decoding payload into v into
+// a field error named by its JSON path ([locateDecodeError]); an error it
+// cannot place (malformed JSON) is the payload's.
+func decodeError(payload []byte, v any, err error) error {
+	var se *json.SyntaxError
+	if t := reflect.TypeOf(v); t != nil && !errors.As(err, &se) && !errors.Is(err, io.ErrUnexpectedEOF) {
+		if fe := locateDecodeError(payload, t, false, ""); fe != nil {
+			return &ValidationError{Fields: []FieldError{*fe}}
+		}
+	}
 	var te *json.UnmarshalTypeError
 	if errors.As(err, &te) {
-		field, name := te.Field, te.Field
-		if name == "" {
-			name = "payload" // the payload itself has the wrong kind
-		}
-		kind := jsonKind(te.Type)
-		msg := fmt.Sprintf("%s must be of type %s, got %s", name, kind, te.Value)
-		if lo, hi, ok := intRange(te.Type); ok {
-			// A whole number out of the field's range (the decoder says
-			// only "number 300"): name the range.
-			if n, isNum := strings.CutPrefix(te.Value, "number "); isNum {
-				if _, ok := new(big.Int).SetString(n, 10); ok {
-					msg = fmt.Sprintf("%s must be an integer from %s to %s, got %s", name, lo, hi, n)
-				}
-			}
-		}
-		return &ValidationError{Fields: []FieldError{{Field: field, Rule: "type", Param: kind, Message: msg}}}
+		return &ValidationError{Fields: []FieldError{*typeFieldError(te.Field, te)}}
 	}
 	msg := err.Error()
 	if rest, ok := strings.CutPrefix(msg, "json: unknown field "); ok {
