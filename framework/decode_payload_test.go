@@ -3,6 +3,7 @@ package framework_test
 import (
 	"encoding/json"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -163,4 +164,48 @@ func TestDecodePayloadNamesTheFieldByItsJSONPath(t *testing.T) {
 		require.ErrorAs(t, err, &ve, raw)
 		require.Equal(t, []framework.FieldError{want}, ve.Fields, raw)
 	}
+}
+
+// A validator tag's failure names the field by its JSON path too: a field
+// promoted from an embedded struct by its own name (not "PathPromoted.n"),
+// a map entry by its key; a json:"-" field is no part of the payload (the
+// client can neither send nor fix it), so its tags are not the payload's.
+func TestValidatePayloadNamesTheFieldByItsJSONPath(t *testing.T) {
+	t.Parallel()
+	for raw, want := range map[string]string{
+		`{"n":-1}`:                            "n must be >= 0",
+		`{"p":-1}`:                            "p must be >= 0",
+		`{"u":-1}`:                            "u must be >= 0",
+		`{"tagged":{"t":-1}}`:                 "tagged.t must be >= 0",
+		`{"customer":"Ada Lovelace"}`:         "Customer must be at most 3 characters",
+		`{"billing":{"zip":"1"}}`:             `billing.zip fails rule "len=5"`,
+		`{"items":[{"sku":"a"},{"sku":""}]}`:  "items[1].sku is required",
+		`{"itemPtrs":[{"sku":"a","qty":-1}]}`: "itemPtrs[0].qty must be >= 0",
+		`{"byKey":{"k":{"sku":""}}}`:          "byKey.k.sku is required",
+		`{"byKey":{"a.b]":{"sku":""}}}`:       `byKey["a.b]"].sku is required`,
+		`{"email":"nope"}`:                    "email must be an email address",
+	} {
+		var in pathInput
+		err := framework.DecodePayload(json.RawMessage(raw), &in)
+		var ve *framework.ValidationError
+		require.ErrorAs(t, err, &ve, raw)
+		require.Len(t, ve.Fields, 1, "%s: %v", raw, ve.Fields)
+		field, _, _ := strings.Cut(want, " ")
+		require.Equal(t, field, ve.Fields[0].Field, raw)
+		require.Equal(t, want, ve.Fields[0].Message, raw)
+	}
+	require.NoError(t, framework.DecodePayload(json.RawMessage(`{}`), &pathInput{}))
+}
+
+// A payload of an unnamed struct type has no type name heading the
+// validator's path: its first field is not dropped for one.
+func TestValidatePayloadOfAnUnnamedStructKeepsTheWholePath(t *testing.T) {
+	t.Parallel()
+	var in struct {
+		Address pathAddress `json:"address"`
+	}
+	err := framework.DecodePayload(json.RawMessage(`{"address":{"zip":"1"}}`), &in)
+	var ve *framework.ValidationError
+	require.ErrorAs(t, err, &ve)
+	require.Equal(t, "address.zip", ve.Fields[0].Field)
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 
@@ -56,16 +57,136 @@ func ValidatePayload(v any) error {
 	}
 	out := &ValidationError{}
 	for _, fe := range verrs {
-		field := fe.Namespace()
-		if _, rest, ok := strings.Cut(field, "."); ok {
-			field = rest // drop the struct's own name
+		field, state := payloadPath(rv.Type(), fe.StructNamespace())
+		switch state {
+		case pathIgnored:
+			continue // a field the payload cannot set: its tags are not the client's to meet
+		case pathUnparsed:
+			field = fe.Namespace()
+			if _, rest, ok := strings.Cut(field, "."); ok {
+				field = rest // drop the struct's own name
+			}
 		}
 		out.Fields = append(out.Fields, FieldError{Field: field, Rule: fe.Tag(), Param: fe.Param(), Message: fieldMessage(field, fe)})
+	}
+	if len(out.Fields) == 0 {
+		return nil
 	}
 	return out
 }
 
+// pathState says what [payloadPath] made of a validator namespace.
+type pathState int
+
+const (
+	pathFound    pathState = iota // the namespace names a field of the payload
+	pathIgnored                   // it runs through a field encoding/json does not decode (json:"-", hidden)
+	pathUnparsed                  // it does not follow the type
+)
+
+// payloadPath turns the Go namespace of a failed field of a value of the
+// struct type root, as the validator reports it ("PlaceInput.Items[2].SKU",
+// "PlaceInput.Inner.N" for a field promoted from an embedded struct), into
+// the field's JSON path ("items[2].sku", "n").
+func payloadPath(root reflect.Type, ns string) (string, pathState) {
+	if name := root.Name(); name != "" {
+		// The validator heads the namespace with the struct's name, when
+		// it has one.
+		rest, ok := strings.CutPrefix(ns, name+".")
+		if !ok {
+			return "", pathUnparsed
+		}
+		ns = rest
+	}
+	return jsonPathOf(root, "."+ns, "", nil, nil)
+}
+
+// jsonPathOf appends to path the JSON path of the rest ns of a validator
+// namespace into a value of type t. owner is the struct whose JSON fields
+// a promoted field is one of, chain its index from there.
+func jsonPathOf(t reflect.Type, ns, path string, owner reflect.Type, chain []int) (string, pathState) {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if ns == "" {
+		return path, pathFound
+	}
+	switch t.Kind() {
+	case reflect.Struct:
+		rest, ok := strings.CutPrefix(ns, ".")
+		if !ok {
+			return "", pathUnparsed
+		}
+		end := strings.IndexAny(rest, ".[")
+		if end < 0 {
+			end = len(rest)
+		}
+		sf, ok := t.FieldByName(rest[:end])
+		if !ok || len(sf.Index) != 1 {
+			return "", pathUnparsed
+		}
+		rest = rest[end:]
+		if owner == nil {
+			owner, chain = t, nil
+		}
+		chain = append(slices.Clone(chain), sf.Index[0])
+		tag := sf.Tag.Get("json")
+		if tag == "-" {
+			return "", pathIgnored
+		}
+		name, _, _ := strings.Cut(tag, ",")
+		if !isValidJSONTag(name) {
+			name = ""
+		}
+		ft := sf.Type
+		if ft.Kind() == reflect.Pointer {
+			ft = ft.Elem()
+		}
+		if sf.Anonymous && name == "" && ft.Kind() == reflect.Struct {
+			// Promoted: its fields are the owner's.
+			return jsonPathOf(ft, rest, path, owner, chain)
+		}
+		if name == "" {
+			name = sf.Name
+		}
+		f := lookupJSONField(jsonFields(owner), name)
+		if f == nil || !slices.Equal(f.index, chain) {
+			return "", pathIgnored // unexported, or hidden by another field of its name
+		}
+		return jsonPathOf(sf.Type, rest, appendKey(path, name), nil, nil)
+	case reflect.Slice, reflect.Array:
+		end := strings.IndexByte(ns, ']')
+		if !strings.HasPrefix(ns, "[") || end < 0 {
+			return "", pathUnparsed
+		}
+		return jsonPathOf(t.Elem(), ns[end+1:], path+ns[:end+1], nil, nil)
+	case reflect.Map:
+		if !strings.HasPrefix(ns, "[") {
+			return "", pathUnparsed
+		}
+		// The key is printed as is: it ends at the first "]" after which
+		// the rest follows the element type.
+		for end := 1; end < len(ns); end++ {
+			if ns[end] != ']' {
+				continue
+			}
+			if p, state := jsonPathOf(t.Elem(), ns[end+1:], appendKey(path, ns[1:end]), nil, nil); state != pathUnparsed {
+				return p, state
+			}
+		}
+		return "", pathUnparsed
+	}
+	// A value behind an interface: its shape is not the type's.
+	if path == "" {
+		ns = strings.TrimPrefix(ns, ".")
+	}
+	return path + ns, pathFound
+}
+
 func fieldMessage(field string, fe validator.FieldError) string {
+	if field == "" {
+		field = "payload" // a tag on a struct embedded in the payload's own
+	}
 	switch fe.Tag() {
 	case "required":
 		return field + " is required"
