@@ -588,11 +588,11 @@ const maxQueued = 4096
 // that the caller can answer its client at once; done (when not nil) gets
 // Finish's error. The response waits up to 2 ms for the next claim
 // ([Store.Begin]) to carry it in the same pipeline; the responses queued
-// meanwhile are stored together, in one script call. The lease is renewed until the response is
-// stored, so a retry that arrives meanwhile waits for it like any
-// duplicate, however long the store takes. [Store.Close] waits for them.
-// After Close, and while more than maxQueued responses wait, it runs
-// synchronously.
+// meanwhile are stored together, in one script call. The lease is renewed
+// until the response is stored, so a retry that arrives meanwhile waits
+// for it like any duplicate, however long the store takes. [Store.Close]
+// waits for them. After Close, and while more than maxQueued responses
+// wait, it runs synchronously.
 func (c *Claim) FinishAsync(r Response, done func(error)) {
 	if done == nil {
 		done = func(error) {}
