@@ -259,6 +259,13 @@ func New(ctx context.Context, opts Options) (_ *App, err error) {
 		}
 		e := echo.New()
 		e.HideBanner, e.HidePort = true, true
+		// Errors (an unknown path, a wrong method) in the framework's
+		// envelope, as on the API port.
+		e.HTTPErrorHandler = func(err error, c echo.Context) {
+			if werr := web.WriteError(c, err); werr != nil {
+				a.log.Warn("write error response", "error", werr)
+			}
+		}
 		a.mountHealth(e)
 		a.httpSrv = web.NewHTTPServer(cfg.WorkerHTTPAddr, e, cfg.HTTPReadTimeout, cfg.HTTPIdleTimeout)
 	}
