@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"strings"
 	"testing"
@@ -20,22 +19,13 @@ import (
 	"github.com/kumiko-go/kumiko/framework/eventstore"
 	"github.com/kumiko-go/kumiko/framework/kumikotest"
 	"github.com/kumiko-go/kumiko/framework/migrate"
-	"github.com/kumiko-go/kumiko/migrations"
 )
 
 // pendingSet is Kumiko's migrations plus 00099_release_table.sql, which
 // creates the table release_log.
 func pendingSet(t *testing.T) fstest.MapFS {
 	t.Helper()
-	set := fstest.MapFS{}
-	require.NoError(t, fs.WalkDir(migrations.FS, ".", func(path string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".sql") {
-			return err
-		}
-		b, err := fs.ReadFile(migrations.FS, path)
-		set[path] = &fstest.MapFile{Data: b}
-		return err
-	}))
+	set := kumikotest.Migrations(t)
 	set["00099_release_table.sql"] = &fstest.MapFile{Data: []byte(`-- +goose Up
 CREATE TABLE release_log (tenant_id text NOT NULL, n int NOT NULL);
 SELECT kumiko_enable_tenancy('release_log');

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -17,27 +16,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kumiko-go/kumiko/framework/admin"
+	"github.com/kumiko-go/kumiko/framework/kumikotest"
 	"github.com/kumiko-go/kumiko/framework/migrate"
 	"github.com/kumiko-go/kumiko/framework/web"
 	"github.com/kumiko-go/kumiko/internal/proctest"
-	"github.com/kumiko-go/kumiko/migrations"
 )
-
-// projectMigrations returns the project's migrations as a set the test can
-// add its own to.
-func projectMigrations(t *testing.T) fstest.MapFS {
-	t.Helper()
-	set := fstest.MapFS{}
-	require.NoError(t, fs.WalkDir(migrations.FS, ".", func(path string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".sql") {
-			return err
-		}
-		data, err := fs.ReadFile(migrations.FS, path)
-		set[path] = &fstest.MapFile{Data: data}
-		return err
-	}))
-	return set
-}
 
 // TestMaintenanceMigrationThatFails: POST /api/admin/migrations/up with a
 // migration that fails (here on the data it meets) answers, like the CLI,
@@ -47,7 +30,7 @@ func projectMigrations(t *testing.T) fstest.MapFS {
 func TestMaintenanceMigrationThatFails(t *testing.T) {
 	t.Parallel()
 	b := setupOps(t)
-	set := projectMigrations(t)
+	set := kumikotest.Migrations(t)
 	set["00098_first.sql"] = &fstest.MapFile{Data: []byte("-- +goose Up\nCREATE TABLE first_ok (id int);\n-- +goose Down\nDROP TABLE first_ok;\n")}
 	set["00099_second.sql"] = &fstest.MapFile{Data: []byte("-- +goose Up\nCREATE TABLE half_done (id int);\nALTER TABLE tally ADD COLUMN must_be_set text NOT NULL;\n-- +goose Down\n")}
 	_, err := b.db.Pool.Exec(context.Background(), `INSERT INTO tally VALUES ('acme', 'k', 1)`)
@@ -86,7 +69,7 @@ func TestMaintenanceMigrationThatFails(t *testing.T) {
 func TestMaintenanceMigrationCutShortByTheClient(t *testing.T) {
 	t.Parallel()
 	b := setupOps(t)
-	set := projectMigrations(t)
+	set := kumikotest.Migrations(t)
 	set["00099_slow.sql"] = &fstest.MapFile{Data: []byte("-- +goose Up\nSELECT pg_sleep(30);\n-- +goose Down\n")}
 
 	logs := &proctest.Buffer{}

@@ -27,6 +27,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/fstest"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -87,6 +88,25 @@ func (db *DB) WaitVisible(t testing.TB) {
 func NewDB(t testing.TB) *DB {
 	t.Helper()
 	return NewDBFrom(t, migrations.FS)
+}
+
+// Migrations returns Kumiko's embedded migrations as a set a test can add
+// its own to (for [NewDBFrom], or a process's migrations).
+func Migrations(t testing.TB) fstest.MapFS {
+	t.Helper()
+	set := fstest.MapFS{}
+	err := fs.WalkDir(migrations.FS, ".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".sql") {
+			return err
+		}
+		data, err := fs.ReadFile(migrations.FS, path)
+		set[path] = &fstest.MapFile{Data: data}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("kumikotest: read the migrations: %v", err)
+	}
+	return set
 }
 
 // NewDBFrom is [NewDB] for another migration set (a template per set).
