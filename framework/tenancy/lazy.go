@@ -82,10 +82,11 @@ func (l *Lazy) queuePrefix(b *pgx.Batch) int {
 	default:
 		b.Queue(`BEGIN`)
 	}
+	lock := ""
 	if !l.open {
-		queueLock(b, l.lock)
+		lock = l.lock
 	}
-	QueueScope(b, l.tenant)
+	queueScope(b, l.tenant, lock)
 	return b.Len() - n
 }
 

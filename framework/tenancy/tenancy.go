@@ -80,9 +80,10 @@ type Options struct {
 	ReadOnly bool
 	// Lock, when not empty, is the key of a transaction-scoped advisory
 	// lock (pg_advisory_xact_lock of hashtextextended(Lock, 0)) that the
-	// transaction takes right after BEGIN, before its scope and its first
-	// statement, so that the lock is held by every transaction that can
-	// commit anything. Defaults to none.
+	// transaction takes right after BEGIN, in the statement that scopes it
+	// (before the scope takes effect) and so before its first statement:
+	// the lock is held by every transaction that can commit anything.
+	// Defaults to none.
 	Lock string
 }
 
@@ -92,9 +93,22 @@ type Options struct {
 // (set_config('role', ..., true) is the same setting; "none" resets it to
 // the session user).
 func QueueScope(b *pgx.Batch, tenant string) {
+	queueScope(b, tenant, "")
+}
+
+// queueScope queues QueueScope's statement; with a lock key (see
+// [Options].Lock) the same statement takes the advisory lock first, so that
+// a keyed write costs the database no statement of its own for it (the
+// target list is evaluated in order).
+func queueScope(b *pgx.Batch, tenant, lock string) {
 	role := Role
 	if tenant == SystemTenantID {
 		role = "none"
+	}
+	if lock != "" {
+		b.Queue(`SELECT pg_advisory_xact_lock(hashtextextended($3, 0)), set_config('kumiko.tenant_id', $1, true), set_config('role', $2, true)`,
+			tenant, role, lock)
+		return
 	}
 	b.Queue(`SELECT set_config('kumiko.tenant_id', $1, true), set_config('role', $2, true)`, tenant, role)
 }
@@ -112,19 +126,11 @@ func Begin(ctx context.Context, conn Conn, tenant string, opts Options) error {
 	} else {
 		b.Queue(`BEGIN`)
 	}
-	queueLock(b, opts.Lock)
-	QueueScope(b, tenant)
+	queueScope(b, tenant, opts.Lock)
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		return &ScopeError{Tenant: tenant, Err: err}
 	}
 	return nil
-}
-
-// queueLock queues the advisory lock of [Options].Lock, if any.
-func queueLock(b *pgx.Batch, key string) {
-	if key != "" {
-		b.Queue(`SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, key)
-	}
 }
 
 // Switch re-scopes an open transaction to another tenant (the dispatcher
