@@ -129,6 +129,12 @@ type Call struct {
 	CausationID string
 	// IdempotencyKey is recorded in the metadata of appended events.
 	IdempotencyKey string
+	// IdempotencyOwner is the owner token of the idempotency claim the
+	// call runs under, recorded beside the key.
+	IdempotencyOwner string
+	// IdempotencyReclaimedFrom is the owner whose claim ran out before this
+	// call's owner took the key over, recorded beside the key.
+	IdempotencyReclaimedFrom string
 	// ConsistencyToken is the token of an earlier write (see
 	// [Runtime.WriteWithToken]); a query that carries one reads that write
 	// or a later state, and skips the query cache.
@@ -144,7 +150,8 @@ func (c Call) metadata() Metadata {
 	if cause == "" {
 		cause = c.RequestID
 	}
-	return Metadata{UserID: c.Principal.UserID, RequestID: c.RequestID, CorrelationID: corr, CausationID: cause, IdempotencyKey: c.IdempotencyKey}
+	return Metadata{UserID: c.Principal.UserID, RequestID: c.RequestID, CorrelationID: corr, CausationID: cause,
+		IdempotencyKey: c.IdempotencyKey, IdempotencyOwner: c.IdempotencyOwner, IdempotencyReclaimedFrom: c.IdempotencyReclaimedFrom}
 }
 
 // Command is one write or query: a qualified type and its JSON payload.

@@ -1007,10 +1007,12 @@ func TestEventMetadata(t *testing.T) {
 
 	call := framework.Call{
 		Principal: framework.Principal{UserID: "alice", TenantID: "t1"}, RequestID: "req-1", IdempotencyKey: "idem-1",
+		IdempotencyOwner: "owner-2", IdempotencyReclaimedFrom: "owner-1",
 	}
 	_, err := b.write(t, call, "tx-test:write:whoami", struct{}{})
 	require.NoError(t, err)
-	want := framework.Metadata{UserID: "alice", RequestID: "req-1", CorrelationID: "req-1", CausationID: "req-1", IdempotencyKey: "idem-1"}
+	want := framework.Metadata{UserID: "alice", RequestID: "req-1", CorrelationID: "req-1", CausationID: "req-1", IdempotencyKey: "idem-1",
+		IdempotencyOwner: "owner-2", IdempotencyReclaimedFrom: "owner-1"}
 	require.Equal(t, want, readMeta(t))
 	require.Equal(t, framework.Metadata{UserID: "alice", RequestID: "req-1", CorrelationID: "req-1", CausationID: "req-1"}, inHandler[0])
 

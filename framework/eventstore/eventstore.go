@@ -57,6 +57,13 @@ type Metadata struct {
 	CausationID string `json:"causationId,omitempty"`
 	// IdempotencyKey is the Idempotency-Key of the write that appended it.
 	IdempotencyKey string `json:"idempotencyKey,omitempty"`
+	// IdempotencyOwner is the owner token of the claim that key's write ran
+	// under (the "owner" of the idempotency logs).
+	IdempotencyOwner string `json:"idempotencyOwner,omitempty"`
+	// IdempotencyReclaimedFrom is the owner whose claim of the key ran out
+	// (its process died) before this owner took the key over and ran the
+	// write again; empty for a write that ran under a fresh claim.
+	IdempotencyReclaimedFrom string `json:"idempotencyReclaimedFrom,omitempty"`
 }
 
 // NewEvent is one event to append.

@@ -61,6 +61,10 @@ func decodeMetadataFast(b []byte, m *Metadata) bool {
 			m.CausationID = string(val)
 		case "idempotencyKey":
 			m.IdempotencyKey = string(val)
+		case "idempotencyOwner":
+			m.IdempotencyOwner = string(val)
+		case "idempotencyReclaimedFrom":
+			m.IdempotencyReclaimedFrom = string(val)
 		default:
 			return false // encoding/json matches other spellings case-insensitively
 		}

@@ -17,6 +17,8 @@ var metadataSeeds = []string{
 	`{}`,
 	` { } `,
 	`{"userId": "alice", "requestId": "r-1", "causationId": "42", "correlationId": "c-1", "idempotencyKey": "k"}`,
+	`{"idempotencyKey": "k", "idempotencyOwner": "o-2", "idempotencyReclaimedFrom": "o-1"}`,
+	`{"idempotencyowner": "case-insensitive match"}`,
 	`{"userId":"alice","userId":"bob"}`,
 	`{"userid": "case-insensitive match"}`,
 	`{"USERID": "x", "unknown": 1}`,
@@ -74,6 +76,7 @@ func TestMetadataRoundTrip(t *testing.T) {
 	metas := []eventstore.Metadata{
 		{},
 		{UserID: "alice", RequestID: "r-1", CorrelationID: "c-1", CausationID: "7", IdempotencyKey: "k-1"},
+		{UserID: "alice", IdempotencyKey: "k-2", IdempotencyOwner: "o-2", IdempotencyReclaimedFrom: "o-1"},
 		{UserID: "quote \" back\\slash \n newline", CorrelationID: "ünïcödé"},
 	}
 	stream := eventstore.StreamRef{TenantID: "t1", Type: "s", ID: "meta"}

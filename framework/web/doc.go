@@ -29,9 +29,10 @@
 // the same type and payload gets it byte for byte with Idempotent-Replayed:
 // true; a concurrent duplicate waits for it; a retry with another type or
 // payload is 422 idempotency_key_reused; a keyed request while the store is
-// unreachable is 503 idempotency_unavailable and does not run. The key is
-// recorded in the metadata (idempotencyKey) of the events the write
-// appends; a request that takes over the key of an owner that died (its
+// unreachable is 503 idempotency_unavailable and does not run. The key, the
+// claim's owner token and, after a take-over, the previous owner's are
+// recorded in the metadata (idempotencyKey, idempotencyOwner,
+// idempotencyReclaimedFrom) of the events the write appends; a request that takes over the key of an owner that died (its
 // lease ran out) looks for them first and does not run a write that
 // committed again: it is answered 409 conflict listing those events. See
 // framework/idempotency for the protocol.

@@ -33,8 +33,14 @@ const (
 	HeaderConsistencyToken = "X-Kumiko-Consistency-Token"
 )
 
-// keyIdempotencyKey stores the claimed key for [CallFrom].
-const keyIdempotencyKey = "kumiko.web.idempotency_key"
+// keyIdempotencyClaim stores the claim of a keyed write for [CallFrom].
+const keyIdempotencyClaim = "kumiko.web.idempotency_claim"
+
+// claimedKey is what [CallFrom] records of a claimed key in the events'
+// metadata.
+type claimedKey struct {
+	key, owner, reclaimedFrom string
+}
 
 // finishTimeout bounds storing a response in the idempotency store.
 const finishTimeout = 5 * time.Second
@@ -307,7 +313,7 @@ var unreplayed = []string{HeaderRequestID, HeaderCorrelationID, "Content-Length"
 // runClaimed runs the request under its claim, stores its response and
 // sends it.
 func (s *Server) runClaimed(c echo.Context, next echo.HandlerFunc, claim *idempotency.Claim, key string) error {
-	c.Set(keyIdempotencyKey, key)
+	c.Set(keyIdempotencyClaim, claimedKey{key: key, owner: claim.Owner(), reclaimedFrom: claim.PreviousOwner()})
 	if s.logger.Enabled(c.Request().Context(), slog.LevelDebug) {
 		s.logger.Debug("idempotency key claimed", "request_id", RequestID(c), "idempotency_key", key,
 			"owner", claim.Owner(), "previous_owner", claim.PreviousOwner())

@@ -154,6 +154,23 @@ func (b *idemBundle) eventsWithKey(t *testing.T, key string) int {
 	return n
 }
 
+// keyedMetadata returns the metadata of the one event whose metadata
+// carries key.
+func (b *idemBundle) keyedMetadata(t *testing.T, key string) framework.Metadata {
+	t.Helper()
+	var meta framework.Metadata
+	require.NoError(t, b.db.Pool.QueryRow(t.Context(), `SELECT metadata FROM events WHERE metadata->>'idempotencyKey' = $1`, key).Scan(&meta))
+	return meta
+}
+
+// recordOwner returns the owner of key's record in the shared Redis.
+func (b *idemBundle) recordOwner(t *testing.T, tenant, user, key string) string {
+	t.Helper()
+	owner, err := redistest.Shared(t).HGet(t.Context(), b.prefix+":"+tenant+":"+user+":"+key, "owner").Result()
+	require.NoError(t, err)
+	return owner
+}
+
 func place(customer string) map[string]any {
 	return map[string]any{"type": "orders:write:place", "payload": map[string]any{"customer": customer, "amountCents": 4200}}
 }
@@ -191,10 +208,12 @@ func TestIdempotentWriteReplaysSuccess(t *testing.T) {
 	require.Equal(t, 1, b.eventsWithKey(t, key), "the write ran once")
 	b.requireRows(t, 1, 1)
 
-	// The event names the key and the request that ran it.
-	var meta framework.Metadata
-	require.NoError(t, b.db.Pool.QueryRow(t.Context(), `SELECT metadata FROM events WHERE metadata->>'idempotencyKey' = $1`, key).Scan(&meta))
+	// The event names the key, the claim's owner and the request that ran it.
+	meta := b.keyedMetadata(t, key)
 	require.Equal(t, key, meta.IdempotencyKey)
+	require.Equal(t, b.recordOwner(t, "acme", "alice", key), meta.IdempotencyOwner)
+	require.Regexp(t, `^[0-9a-f]{32}$`, meta.IdempotencyOwner)
+	require.Empty(t, meta.IdempotencyReclaimedFrom, "a fresh claim took over from no one")
 	require.Equal(t, first.header.Get(web.HeaderRequestID), meta.RequestID)
 	require.Equal(t, "alice", meta.UserID)
 	replays := b.logs.lines(t, "idempotent replay")
@@ -581,6 +600,7 @@ func TestCrashedOwnerIsReclaimed(t *testing.T) {
 		n, err := rdb.Exists(t.Context(), prefix+":acme:alice:"+key).Result()
 		return err == nil && n == 1
 	}, 10*time.Second, 10*time.Millisecond, "child never claimed the key")
+	deadOwner := b.recordOwner(t, "acme", "alice", key)
 	require.NoError(t, child.Process.Signal(syscall.SIGKILL))
 	_ = child.Wait()
 
@@ -591,6 +611,11 @@ func TestCrashedOwnerIsReclaimed(t *testing.T) {
 	require.Greater(t, time.Since(start), 100*time.Millisecond, "it waited for the lease")
 	require.Equal(t, 1, b.eventsWithKey(t, key), "one execution (the dead one committed nothing)")
 	requireReplayOf(t, r, b.keyed(t, "/api/write", tok, key, body))
+	// The event names both owners: the one that ran it and the dead one.
+	meta := b.keyedMetadata(t, key)
+	require.Equal(t, b.recordOwner(t, "acme", "alice", key), meta.IdempotencyOwner)
+	require.Equal(t, deadOwner, meta.IdempotencyReclaimedFrom)
+	require.NotEqual(t, deadOwner, meta.IdempotencyOwner)
 }
 
 // newPool opens a pool on url, closed when the test ends.

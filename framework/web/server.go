@@ -159,14 +159,15 @@ func CorrelationID(c echo.Context) string {
 
 // CallFrom returns the [framework.Call] of an authenticated request: its
 // principal, request id and correlation id (the causation id defaults to the
-// request id in the runtime), the idempotency key of a claimed keyed write
-// and the X-Kumiko-Consistency-Token header. Handlers added through
-// [Server.Echo] use it to run commands.
+// request id in the runtime), the idempotency key and owner tokens of a
+// claimed keyed write and the X-Kumiko-Consistency-Token header. Handlers
+// added through [Server.Echo] use it to run commands.
 func CallFrom(c echo.Context) framework.Call {
 	p, _ := PrincipalFrom(c)
-	key, _ := c.Get(keyIdempotencyKey).(string)
+	k, _ := c.Get(keyIdempotencyClaim).(claimedKey)
 	return framework.Call{Principal: p, RequestID: RequestID(c), CorrelationID: CorrelationID(c),
-		IdempotencyKey: key, ConsistencyToken: c.Request().Header.Get(HeaderConsistencyToken)}
+		IdempotencyKey: k.key, IdempotencyOwner: k.owner, IdempotencyReclaimedFrom: k.reclaimedFrom,
+		ConsistencyToken: c.Request().Header.Get(HeaderConsistencyToken)}
 }
 
 // begin is the outermost middleware: it assigns the ids, recovers panics,
