@@ -209,3 +209,25 @@ func TestValidatePayloadOfAnUnnamedStructKeepsTheWholePath(t *testing.T) {
 	require.ErrorAs(t, err, &ve)
 	require.Equal(t, "address.zip", ve.Fields[0].Field)
 }
+
+// DecodeErrorPath names the failing value by its JSON path, with indexes,
+// and gives up on what it cannot or will not walk.
+func TestDecodeErrorPath(t *testing.T) {
+	t.Parallel()
+	type item struct {
+		SKU string `json:"sku"`
+	}
+	type order struct {
+		Items []item `json:"items"`
+	}
+	for _, tc := range []struct{ raw, want string }{
+		{`{"items": [{"sku": "a"}, {"sku": 7}]}`, "items[1].sku"},
+		{`{"items": [{"sku": "a", "qty": 1}]}`, "items[0].qty"},
+		{`{"items": [{"sku": "a"}]}`, ""},                                            // decodes
+		{`{"items": [{"sku": `, ""},                                                  // malformed
+		{`[]`, ""},                                                                   // the value itself
+		{`{"items": [` + strings.Repeat(`{"sku": "a"},`, 6000) + `{"sku": 1}]}`, ""}, // over 64 KiB
+	} {
+		require.Equal(t, tc.want, framework.DecodeErrorPath([]byte(tc.raw), &order{}), tc.raw)
+	}
+}

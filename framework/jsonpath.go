@@ -492,3 +492,21 @@ func rawKind(raw []byte) string {
 	}
 	return "number"
 }
+
+// DecodeErrorPath returns the JSON path ("items[2].sku", "address.zip") of
+// the first value of raw, in document order, that does not decode into v's
+// type as encoding/json decodes it with unknown fields disallowed (for an
+// unknown field, the field's own path): encoding/json's errors name the
+// Go path, without indexes. It returns "" when raw decodes, cannot be
+// walked (malformed JSON), the failing value is raw itself, or raw is
+// larger than the 64 KiB the walk is bounded to.
+func DecodeErrorPath(raw []byte, v any) string {
+	t := reflect.TypeOf(v)
+	if t == nil || len(raw) > maxLocatedPayload {
+		return ""
+	}
+	if fe := locateDecodeError(raw, t, false, ""); fe != nil {
+		return fe.Field
+	}
+	return ""
+}

@@ -2,12 +2,14 @@ package web
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"reflect"
+	"strconv"
 	"strings"
 
 	"github.com/labstack/echo/v4"
@@ -61,7 +63,7 @@ func decodeJSON(body []byte, maxDepth int, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(trimmed))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return decodeError(err)
+		return decodeError(trimmed, v, err)
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return badRequest("the request body has data after its JSON object", err)
@@ -72,8 +74,9 @@ func decodeJSON(body []byte, maxDepth int, v any) error {
 	return nil
 }
 
-// decodeError explains an encoding/json error in the client's terms.
-func decodeError(err error) error {
+// decodeError explains the encoding/json error of decoding body into v in
+// the client's terms, naming a field by its JSON path (commands[2].type).
+func decodeError(body []byte, v any, err error) error {
 	var se *json.SyntaxError
 	var te *json.UnmarshalTypeError
 	switch {
@@ -82,13 +85,13 @@ func decodeError(err error) error {
 	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
 		return badRequest("malformed JSON: unexpected end of the request body", err)
 	case errors.As(err, &te):
-		field := te.Field
-		if field == "" {
-			field = "the request body"
-		}
+		field := cmp.Or(framework.DecodeErrorPath(body, v), te.Field, "the request body")
 		return badRequest(fmt.Sprintf("%s must be %s, got %s", field, jsonKind(te.Type), te.Value), err)
 	}
 	if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+		if path := framework.DecodeErrorPath(body, v); path != "" {
+			name = strconv.Quote(path)
+		}
 		return badRequest("unknown field "+name+" in the request body", err)
 	}
 	return badRequest("invalid request body: "+strings.TrimPrefix(err.Error(), "json: "), err)

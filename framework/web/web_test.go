@@ -408,7 +408,14 @@ func TestRejected(t *testing.T) {
 		{"batch commands not an array", request{path: "/api/batch", token: tok, body: `{"commands": {}}`},
 			400, "bad_request", []check{message("commands must be an array")}},
 		{"batch unknown command field", request{path: "/api/batch", token: tok, body: `{"commands": [{"type": "orders:write:place", "x": 1}]}`},
-			400, "bad_request", []check{message(`"x"`)}},
+			400, "bad_request", []check{message(`unknown field "commands[0].x"`)}},
+		// The envelope's errors name the command by its index.
+		{"batch third type not a string", request{path: "/api/batch", token: tok,
+			body: `{"commands": [{"type": "orders:write:place"}, {"type": "orders:write:place"}, {"type": 5}]}`},
+			400, "bad_request", []check{message("commands[2].type must be a string, got number")}},
+		{"batch second unknown command field", request{path: "/api/batch", token: tok,
+			body: `{"commands": [{"type": "orders:write:place"}, {"type": "orders:write:place", "typo": 1}]}`},
+			400, "bad_request", []check{message(`unknown field "commands[1].typo"`)}},
 
 		// Authentication and authorisation.
 		{"no token", request{path: "/api/write", body: placeBody(map[string]any{"customer": "A"})},
