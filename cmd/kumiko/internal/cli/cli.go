@@ -229,6 +229,13 @@ func tokenCmd() *cobra.Command {
 			if tenant == "" || user == "" {
 				return errors.New("--tenant and --user are required")
 			}
+			for flag, v := range map[string]string{"--tenant": tenant, "--user": user} {
+				if strings.TrimSpace(v) != v {
+					// " acme" is another tenant than "acme": a token for it
+					// would see none of acme's data.
+					return fmt.Errorf("%s %q is blank or starts or ends with white space", flag, v)
+				}
+			}
 			if ttl <= 0 {
 				// auth.Mint reads a non-positive lifetime as its default
 				// (an hour): never hand out a live token for an expired one.
@@ -265,4 +272,19 @@ func tokenCmd() *cobra.Command {
 	cmd.Flags().StringVar(&roles, "roles", "", "comma-separated roles")
 	cmd.Flags().DurationVar(&ttl, "ttl", 24*time.Hour, "token lifetime")
 	return cmd
+}
+
+// oneName accepts exactly one argument, which must not be blank: an unset
+// variable in a script (`kumiko consumer status "$NAME"`) gets a clear
+// error instead of a lookup of "".
+func oneName(what string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := cobra.ExactArgs(1)(cmd, args); err != nil {
+			return err
+		}
+		if strings.TrimSpace(args[0]) == "" {
+			return fmt.Errorf("%s must not be empty", what)
+		}
+		return nil
+	}
 }

@@ -196,3 +196,37 @@ func TestProjectionRebuildRefusesABatchSizeOutOfRange(t *testing.T) {
 		require.Empty(t, out.String(), tc.args)
 	}
 }
+
+// TestBlankNamesAreRefused: a blank NAME or ID (an unset variable in a
+// script) and a --tenant or --user padded with white space are refused
+// before anything connects, instead of looking up "" or minting a token
+// for another tenant than the one meant.
+func TestBlankNamesAreRefused(t *testing.T) {
+	t.Setenv("DATABASE_URL", "postgres://postgres@127.0.0.1:1/none") // never reached
+	t.Setenv("REDIS_URL", "redis://127.0.0.1:1/0")                   // never reached
+	t.Setenv("JWT_SECRET", strings.Repeat("s", 40))
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"consumer", "status", ""}, "NAME must not be empty"},
+		{[]string{"consumer", "restart", " "}, "NAME must not be empty"},
+		{[]string{"consumer", "skip", ""}, "NAME must not be empty"},
+		{[]string{"consumer", "rewind", "", "--to-position", "0"}, "NAME must not be empty"},
+		{[]string{"consumer", "remove-instance", ""}, "ID must not be empty"},
+		{[]string{"projection", "rebuild", ""}, "NAME must not be empty"},
+		{[]string{"jobs", "retry", ""}, "ID must not be empty"},
+		{[]string{"token", "--tenant", " ", "--user", "alice"}, `--tenant " " is blank or starts or ends with white space`},
+		{[]string{"token", "--tenant", "acme ", "--user", "alice"}, `--tenant "acme "`},
+		{[]string{"token", "--tenant", "acme", "--user", "\talice"}, `--user "\talice"`},
+	} {
+		root := cli.Root(nil, nil)
+		var out bytes.Buffer
+		root.SetOut(&out)
+		root.SetErr(io.Discard)
+		root.SetArgs(tc.args)
+		err := root.ExecuteContext(context.Background())
+		require.ErrorContains(t, err, tc.want, tc.args)
+		require.Empty(t, out.String(), tc.args)
+	}
+}

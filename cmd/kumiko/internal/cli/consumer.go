@@ -126,7 +126,7 @@ func consumerStatusCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "status NAME [--instance ID] [--json]",
 		Short: "Show one consumer's state, failure and newest dead letters",
-		Args:  cobra.ExactArgs(1),
+		Args:  oneName("NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withConsumerPool(cmd.Context(), func(pool *pgxpool.Pool) error {
 				st, err := dispatcher.Status(cmd.Context(), pool, args[0], instance)
@@ -151,7 +151,7 @@ func consumerVerbCmd(verb, short string, run func(ctx context.Context, pool *pgx
 	cmd := &cobra.Command{
 		Use:   verb + " NAME [--instance ID]",
 		Short: short,
-		Args:  cobra.ExactArgs(1),
+		Args:  oneName("NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withConsumerPool(cmd.Context(), func(pool *pgxpool.Pool) error {
 				msg, err := run(cmd.Context(), pool, args[0], instance)
@@ -179,7 +179,7 @@ func consumerRewindCmd() *cobra.Command {
 --to-time T (RFC 3339) replays every event created at or after T.
 Rewind only moves back; a dead consumer turns idle, a disabled one stays
 disabled. Consumers must be idempotent: replayed events are applied again.`,
-		Args: cobra.ExactArgs(1),
+		Args: oneName("NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var to dispatcher.RewindTo
 			if cmd.Flags().Changed("to-time") {
@@ -220,7 +220,7 @@ func consumerRemoveInstanceCmd() *cobra.Command {
 (scale-down), so they neither pin event retention nor show false lag.
 Dispatchers remove rows silent for 10 minutes by themselves; this does it at
 once. It refuses an instance whose rows had a heartbeat in the last minute.`,
-		Args: cobra.ExactArgs(1),
+		Args: oneName("ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return withConsumerPool(cmd.Context(), func(pool *pgxpool.Pool) error {
 				n, err := dispatcher.RemoveInstance(cmd.Context(), pool, args[0])

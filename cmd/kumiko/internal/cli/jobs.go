@@ -144,7 +144,7 @@ func jobsRetryCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "retry ID",
 		Short: "Run an archived job run again now (ID from `kumiko jobs list`)",
-		Args:  cobra.ExactArgs(1),
+		Args:  oneName("ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			in, closeFn, err := jobsInspector()
 			if err != nil {

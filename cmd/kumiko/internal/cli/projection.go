@@ -37,7 +37,7 @@ Table), sagas, inline and per-instance projections are refused.
 A rebuild whose process died leaves a shadow schema and a consumer row
 NAME#rebuild behind; the next rebuild removes them and starts over, and
 --abandon removes them without rebuilding.`,
-		Args: cobra.ExactArgs(1),
+		Args: oneName("NAME"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			name := args[0]
 			// 0 is the flag's unset value, not a batch size: refused
