@@ -22,16 +22,24 @@ const readyBudget = 1500 * time.Millisecond
 
 // Check is one readiness check's outcome.
 type Check struct {
-	Name      string `json:"name"`
-	OK        bool   `json:"ok"`
-	LatencyMs int64  `json:"latencyMs"`
-	Error     string `json:"error,omitempty"`
+	// Name is what was checked ("postgres", "redis", ...).
+	Name string `json:"name"`
+	// OK reports whether it answered in time.
+	OK bool `json:"ok"`
+	// LatencyMs is how long it took to answer, in milliseconds.
+	LatencyMs int64 `json:"latencyMs"`
+	// Error is why it failed, when it did.
+	Error string `json:"error,omitempty"`
 }
 
 // Readiness is the body of /health/ready.
 type Readiness struct {
-	Status string  `json:"status"`
-	State  State   `json:"state"`
+	// Status is "ok", or "unavailable" when a check failed or the process
+	// is not (or no longer) ready.
+	Status string `json:"status"`
+	// State is the process's lifecycle state (starting, ready, draining, stopped).
+	State State `json:"state"`
+	// Checks are the dependency checks behind Status.
 	Checks []Check `json:"checks"`
 }
 

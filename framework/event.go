@@ -184,8 +184,10 @@ type Cursor = eventstore.Cursor
 // Stream names an aggregate stream within the caller's tenant: Type is the
 // aggregate type ("order"), ID the aggregate's id.
 type Stream struct {
+	// Type is the aggregate type.
 	Type string
-	ID   string
+	// ID is the aggregate's id within its type.
+	ID string
 }
 
 // String renders "type/id".

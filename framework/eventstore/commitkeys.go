@@ -26,6 +26,7 @@ type CommitKeyAheadError struct {
 // MaxCommitKey.
 func (e *CommitKeyAheadError) Epoch() uint64 { return e.MaxCommitKey>>32 + 1 }
 
+// Error explains the mismatch and the way out (pg_resetwal -e).
 func (e *CommitKeyAheadError) Error() string {
 	return fmt.Sprintf("eventstore: the event log's largest commit key %d is not below the server's next "+
 		"transaction id %d: transaction ids restarted (a pg_dump and restore into a new cluster?), so no event "+

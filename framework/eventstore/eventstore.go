@@ -119,17 +119,30 @@ func ParseCursor(s string) (Cursor, error) {
 
 // Record is one stored event.
 type Record struct {
-	Position    int64
-	CommitKey   uint64
-	TenantID    string
-	StreamType  string
-	StreamID    string
-	Version     int64
-	Type        string
+	// Position is the event's public id, unique in the log (not its
+	// place in delivery order: see CommitKey).
+	Position int64
+	// CommitKey is the id (xid8) of the transaction that appended it; the
+	// log is delivered in (CommitKey, Position) order.
+	CommitKey uint64
+	// TenantID owns the event's stream.
+	TenantID string
+	// StreamType is the aggregate type of its stream.
+	StreamType string
+	// StreamID is the aggregate id of its stream.
+	StreamID string
+	// Version is the event's version within its stream, from 1.
+	Version int64
+	// Type is the qualified event type.
+	Type string
+	// TypeVersion is the payload's schema version as stored.
 	TypeVersion int
-	Payload     json.RawMessage
-	Metadata    Metadata
-	CreatedAt   time.Time
+	// Payload is the JSON payload as stored.
+	Payload json.RawMessage
+	// Metadata is what travelled with the event.
+	Metadata Metadata
+	// CreatedAt is when the event was appended (its transaction's start).
+	CreatedAt time.Time
 }
 
 // Cursor returns the record's place in delivery order.
@@ -142,21 +155,29 @@ func (r *Record) Stream() StreamRef {
 
 // Appended reports where one appended event landed.
 type Appended struct {
-	Position  int64
-	Version   int64
+	// Position is the event's public id.
+	Position int64
+	// Version is its version within its stream.
+	Version int64
+	// CommitKey is the id of the appending transaction.
 	CommitKey uint64
+	// CreatedAt is its creation time.
 	CreatedAt time.Time
 }
 
 // ConcurrencyError reports an expected-version mismatch.
 type ConcurrencyError struct {
-	Stream   StreamRef
+	// Stream is the stream appended to.
+	Stream StreamRef
+	// Expected is the version the append expected ([NoStream] for a new
+	// stream).
 	Expected int64
 	// Actual is the stream's version when known, else -1 (always for a
 	// [NoStream] append to an existing stream).
 	Actual int64
 }
 
+// Error names the stream and both versions.
 func (e *ConcurrencyError) Error() string {
 	if e.Expected == NoStream {
 		return fmt.Sprintf("eventstore: stream %s exists, expected a new stream", e.Stream)
