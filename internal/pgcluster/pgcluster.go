@@ -5,8 +5,10 @@
 //
 // A [Dir] is a temporary directory that holds data directories; [Dir.InitDB]
 // creates one, [Dir.Start] serves it on a free loopback port with trust
-// authentication, and [Dir.Run] runs any other binary (pg_dump, pg_restore,
-// pg_basebackup, pg_resetwal). When the test runs as root, every binary runs
+// authentication, [Dir.StartOn] serves it again on the port of a server
+// that was stopped ([Server.Stop]) or crashed ([Server.Crash]), and
+// [Dir.Run] runs any other binary (pg_dump, pg_restore, pg_basebackup,
+// pg_resetwal). When the test runs as root, every binary runs
 // as the postgres OS user, since the server refuses to run as root.
 package pgcluster
 
@@ -148,8 +150,10 @@ type Server struct {
 	Port int
 	// DataDir is the data directory it serves.
 	DataDir string
-	cmd     *exec.Cmd
-	done    chan struct{}
+	// Log is the file its output goes to.
+	Log  string
+	cmd  *exec.Cmd
+	done chan struct{}
 }
 
 // Start runs postgres on dataDir on a free 127.0.0.1 port (fsync off,
@@ -159,7 +163,16 @@ type Server struct {
 // log.
 func (d *Dir) Start(dataDir string, settings ...string) *Server {
 	d.t.Helper()
-	s := &Server{Port: freePort(d.t), DataDir: dataDir, done: make(chan struct{})}
+	return d.StartOn(dataDir, freePort(d.t), settings...)
+}
+
+// StartOn is [Dir.Start] on the given port: a server stopped with
+// [Server.Stop] or [Server.Crash] comes back where its clients (a pool
+// holding its URL) expect it. A data directory that was not shut down
+// cleanly goes through crash recovery first.
+func (d *Dir) StartOn(dataDir string, port int, settings ...string) *Server {
+	d.t.Helper()
+	s := &Server{Port: port, DataDir: dataDir, done: make(chan struct{})}
 	args := []string{"-D", dataDir, "-p", strconv.Itoa(s.Port), "-k", d.Path,
 		"-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "max_connections=40", "-c", "shared_buffers=16MB"}
 	for _, kv := range settings {
@@ -170,6 +183,7 @@ func (d *Dir) Start(dataDir string, settings ...string) *Server {
 	if err != nil {
 		d.t.Fatal(err)
 	}
+	s.Log = logf.Name()
 	s.cmd.Stdout, s.cmd.Stderr = logf, logf
 	if err := s.cmd.Start(); err != nil {
 		_ = logf.Close()
@@ -214,7 +228,28 @@ func (s *Server) Stop() {
 		return
 	default:
 	}
-	_ = s.cmd.Process.Signal(syscall.SIGINT)
+	s.shutdown(syscall.SIGINT)
+}
+
+// Crash shuts the server down in immediate mode (pg_ctl stop -m
+// immediate): every backend ends at once, nothing is checkpointed, and the
+// next start on the data directory runs crash recovery. It waits until
+// the server is gone; crashing a stopped server does nothing.
+func (s *Server) Crash() {
+	if s == nil || s.cmd.Process == nil {
+		return
+	}
+	select {
+	case <-s.done:
+		return
+	default:
+	}
+	s.shutdown(syscall.SIGQUIT)
+}
+
+// shutdown sends sig to the postmaster and waits; after 20 s it kills it.
+func (s *Server) shutdown(sig syscall.Signal) {
+	_ = s.cmd.Process.Signal(sig)
 	select {
 	case <-s.done:
 	case <-time.After(20 * time.Second):
