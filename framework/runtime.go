@@ -429,7 +429,9 @@ func (rt *Runtime) runOn(ctx context.Context, conn *pgxpool.Conn, tenant string,
 		if lz.Begun() {
 			rollback(conn.Conn())
 		}
-		return 0, err
+		// No COMMIT was sent: whatever ended the connection, nothing of
+		// the transaction committed, and a retry is safe.
+		return 0, unavailableIfLost(ctx, conn.Conn(), err)
 	}
 	b := &pgx.Batch{}
 	if err := tx.queueFlush(b); err != nil {
@@ -458,6 +460,14 @@ func (rt *Runtime) runOn(ctx context.Context, conn *pgxpool.Conn, tenant string,
 	if err := lz.SendBatch(ctx, b).Close(); err != nil {
 		if !committed {
 			rollback(conn.Conn())
+			if pgconn.SafeToRetry(err) {
+				// The batch never left: the connection was closed before.
+				return 0, unavailableIfLost(ctx, conn.Conn(), err)
+			}
+			// A connection lost after the COMMIT went out leaves its
+			// outcome unknown: not 503, which says nothing committed (a
+			// keyed write's claim is released for a retry, which would
+			// run the write again).
 			return 0, err
 		}
 		// The write committed; only its token is missing. A query without
@@ -495,6 +505,35 @@ func rollback(c *pgx.Conn) {
 	if _, err := c.Exec(ctx, "ROLLBACK"); err != nil && !errors.Is(err, context.Canceled) {
 		_ = c.Close(ctx)
 	}
+}
+
+// unavailableIfLost returns err, which ended a transaction on c before its
+// COMMIT was sent, as a CodeUnavailable *[Error] when it means the
+// database connection is gone: the server ended it (57P01 admin shutdown,
+// as in a restart's fast shutdown; 57P02 crash shutdown; 57P03 cannot
+// connect now; class 08, connection exception), or the driver closed it
+// on a network failure. An error with a code of its own (a handler's
+// *Error, a validation or concurrency error, a translated constraint
+// violation) stays, and so does one of a ctx that ended, which closes the
+// connection too.
+func unavailableIfLost(ctx context.Context, c *pgx.Conn, err error) error {
+	if ctx.Err() != nil || ToError(err).Code != CodeInternal {
+		return err
+	}
+	lost := c.IsClosed()
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
+		switch {
+		case pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03", strings.HasPrefix(pgErr.Code, "08"):
+			lost = true
+		default:
+			// The server answered the statement: its connection works.
+			lost = false
+		}
+	}
+	if !lost {
+		return err
+	}
+	return &Error{Code: CodeUnavailable, Message: "database unavailable", Err: err}
 }
 
 // errAbortedCommit is returned when COMMIT rolled back an aborted transaction.

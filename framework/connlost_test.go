@@ -1,0 +1,51 @@
+package framework_test
+
+import (
+	"net/http"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kumiko-go/kumiko/features/orders"
+	"github.com/kumiko-go/kumiko/framework"
+)
+
+// TestWriteOnAConnectionTheServerEndedIsUnavailable: when the server ends
+// the pool's connections (a restart's fast shutdown, a crash, an operator's
+// pg_terminate_backend), a write or query that takes one of them before
+// the pool has noticed fails before anything reached the database, so it
+// is 503 unavailable (retry), as when the pool cannot connect, not a 500
+// internal. Nothing is written, and the next write gets a new connection.
+func TestWriteOnAConnectionTheServerEndedIsUnavailable(t *testing.T) {
+	t.Parallel()
+	b := newRTBundle(t, nil)
+	admin, err := pgx.Connect(t.Context(), b.db.URL)
+	require.NoError(t, err)
+	defer admin.Close(t.Context())
+	terminate := func() {
+		t.Helper()
+		// The pool's idle connections, as a shutdown ends them.
+		_, err := admin.Exec(t.Context(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+			WHERE datname = current_database() AND pid <> pg_backend_pid()`)
+		require.NoError(t, err)
+	}
+
+	b.place(t, "t1", "warm-up")
+	terminate()
+	_, err = b.write(t, callAs("t1", "u-t1"), "orders:write:place", orders.PlaceInput{Customer: "ada", AmountCents: 100})
+	require.Error(t, err)
+	fe := framework.ToError(err)
+	require.Equal(t, framework.CodeUnavailable, fe.Code, "%v", err)
+	require.Equal(t, http.StatusServiceUnavailable, fe.Code.HTTPStatus())
+	require.Equal(t, int64(0), b.count(t, `SELECT count(*) FROM orders WHERE customer = 'ada'`))
+
+	_, err = b.rt.Query(t.Context(), callAs("t1", "u-t1"), command(t, "orders:query:totals", orders.TotalsInput{}))
+	require.NoError(t, err)
+	terminate()
+	_, err = b.rt.Query(t.Context(), callAs("t1", "u-t1"), command(t, "orders:query:totals", orders.TotalsInput{}))
+	require.Error(t, err)
+	require.Equal(t, framework.CodeUnavailable, framework.ToError(err).Code, "%v", err)
+
+	b.place(t, "t1", "after")
+}
