@@ -460,14 +460,20 @@ func (rt *Runtime) runOn(ctx context.Context, conn *pgxpool.Conn, tenant string,
 	if err := lz.SendBatch(ctx, b).Close(); err != nil {
 		if !committed {
 			rollback(conn.Conn())
-			if pgconn.SafeToRetry(err) {
-				// The batch never left: the connection was closed before.
+			if endedBeforeCommit(err) {
+				// The server ended the connection with an error before the
+				// COMMIT completed: it did not commit.
 				return 0, unavailableIfLost(ctx, conn.Conn(), err)
 			}
-			// A connection lost after the COMMIT went out leaves its
-			// outcome unknown: not 503, which says nothing committed (a
-			// keyed write's claim is released for a retry, which would
-			// run the write again).
+			// A connection lost otherwise after the batch went out (pgx
+			// does not say reliably whether it left: a failed read makes
+			// its later errors claim so) leaves the outcome unknown: not
+			// 503, which says nothing committed (a keyed write's claim is
+			// released for a retry, which would run the write again).
+			if ctx.Err() != nil || connectionLost(conn.Conn(), err) {
+				return 0, &Error{Code: CodeInternal, Message: commitOutcomeUnknownMessage,
+					Err: fmt.Errorf("%w: %w", ErrCommitOutcomeUnknown, err)}
+			}
 			return 0, err
 		}
 		// The write committed; only its token is missing. A query without
@@ -517,24 +523,52 @@ func rollback(c *pgx.Conn) {
 // violation) stays, and so does one of a ctx that ended, which closes the
 // connection too.
 func unavailableIfLost(ctx context.Context, c *pgx.Conn, err error) error {
-	if ctx.Err() != nil || ToError(err).Code != CodeInternal {
-		return err
-	}
-	lost := c.IsClosed()
-	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
-		switch {
-		case pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03", strings.HasPrefix(pgErr.Code, "08"):
-			lost = true
-		default:
-			// The server answered the statement: its connection works.
-			lost = false
-		}
-	}
-	if !lost {
+	if ctx.Err() != nil || ToError(err).Code != CodeInternal || !connectionLost(c, err) {
 		return err
 	}
 	return &Error{Code: CodeUnavailable, Message: "database unavailable", Err: err}
 }
+
+// connectionLost reports whether err, which a statement on c failed with,
+// means that the connection is gone (see unavailableIfLost) rather than
+// that the server refused the statement.
+func connectionLost(c *pgx.Conn, err error) bool {
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
+		switch {
+		case pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03", strings.HasPrefix(pgErr.Code, "08"):
+			return true
+		default:
+			// The server answered the statement: its connection works.
+			return false
+		}
+	}
+	return c.IsClosed()
+}
+
+// endedBeforeCommit reports whether err, the failure of a batch ending in
+// COMMIT whose COMMIT did not complete, is the server's own FATAL error
+// ending the connection (57P01 admin shutdown, 57P03 cannot connect now,
+// class 08): the server reports it instead of running (or before
+// finishing) the statement it was at, so the COMMIT did not run. A backend
+// that died otherwise (killed, or the immediate shutdown that sends only a
+// notice) may have committed before its answers left.
+func endedBeforeCommit(err error) bool {
+	pgErr, ok := errors.AsType[*pgconn.PgError](err)
+	return ok && pgErr.Severity == "FATAL" && (pgErr.Code == "57P01" || pgErr.Code == "57P03" || strings.HasPrefix(pgErr.Code, "08"))
+}
+
+// ErrCommitOutcomeUnknown is wrapped by the error of a write whose
+// database connection was lost (or whose context ended) after its COMMIT
+// was sent and before the answer came: the write may or may not have
+// committed. The client gets a 500 internal saying so; the idempotency
+// middleware neither stores that answer nor frees the key, so that a retry
+// with the key, once the claim's lease ran out, looks for the write's
+// events first and runs it only when there are none.
+var ErrCommitOutcomeUnknown = errors.New("kumiko: the database connection was lost after COMMIT was sent")
+
+// commitOutcomeUnknownMessage is what the client of such a write reads.
+const commitOutcomeUnknownMessage = "the database connection was lost while the write was committing: " +
+	"whether it committed is unknown; read before you write again"
 
 // errAbortedCommit is returned when COMMIT rolled back an aborted transaction.
 var errAbortedCommit = errors.New("kumiko: the transaction was rolled back at COMMIT: a statement in it failed and the handler ignored the error")

@@ -32,8 +32,9 @@ type errorBody struct {
 // WriteError answers the request with the error envelope of err, converted
 // by [framework.ToError] (echo's HTTP errors and oversized bodies are mapped
 // to their codes as well). An internal error is shown as "internal error"
-// without details; it and every other 5xx are logged with the request id and
-// the cause. When the response has already started, WriteError only logs.
+// without details, except for a write whose outcome is unknown
+// ([framework.ErrCommitOutcomeUnknown]), which says so; it and every other
+// 5xx are logged with the request id and the cause. When the response has already started, WriteError only logs.
 // It returns an error only when writing the response fails.
 func WriteError(c echo.Context, err error) error {
 	if err == nil {
@@ -42,7 +43,7 @@ func WriteError(c echo.Context, err error) error {
 	fe := toError(c, err)
 	code, msg, details := fe.Code, fe.Message, fe.Details
 	status := statusOf(code)
-	if status == http.StatusInternalServerError {
+	if status == http.StatusInternalServerError && !errors.Is(err, framework.ErrCommitOutcomeUnknown) {
 		// An unknown code is as opaque to the client as an internal one.
 		code, msg, details = framework.CodeInternal, "internal error", nil
 	}

@@ -73,7 +73,10 @@ type keyedBody struct {
 // background while the client gets it ([idempotency.Claim.FinishAsync]);
 // a duplicate arriving meanwhile waits for it. A 503 and the 409 of a
 // deadlock or serialization failure (nothing committed) are not stored: the
-// claim is released for a retry.
+// claim is released for a retry. The 500 of a write whose outcome is
+// unknown ([framework.ErrCommitOutcomeUnknown]) is not stored either, and
+// the claim is left to run out, so that the retry after it looks for the
+// write's events first (unlessCommitted).
 func (s *Server) idempotent(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		if s.idem == nil {
@@ -199,8 +202,9 @@ func (s *Server) unlessCommitted(c echo.Context, next echo.HandlerFunc, claim *i
 		"idempotency_key", key, "previous_owner", claim.PreviousOwner(), "events", len(evs))
 	return func(echo.Context) error {
 		return &framework.Error{Code: framework.CodeConflict,
-			Message: "a request with this idempotency key was committed, but the process that ran it stopped " +
-				"before its response was stored; it is not run again (details list the events it committed)",
+			Message: "a request with this idempotency key was committed, but its response was never stored (the process " +
+				"that ran it stopped, or lost its database connection while committing); it is not run again " +
+				"(details list the events it committed)",
 			Details: map[string]any{"idempotencyKey": key, "committed": true, "events": evs}}
 	}, nil
 }
@@ -328,6 +332,14 @@ func (s *Server) runClaimed(c echo.Context, next echo.HandlerFunc, claim *idempo
 	detached := context.WithoutCancel(req.Context())
 	c.SetRequest(req.WithContext(detached))
 	abort, herr := callRecovering(c, next)
+	unknown := errors.Is(herr, framework.ErrCommitOutcomeUnknown)
+	if unknown {
+		herr = &framework.Error{Code: framework.CodeInternal, Err: herr,
+			Message: "the database connection was lost while the write was committing: whether it committed is unknown; " +
+				"retry with the same Idempotency-Key: once this request's claim has run out, the retry answers " +
+				"409 conflict listing the write's events if it committed, and runs it otherwise",
+			Details: map[string]any{"idempotencyKey": key}}
+	}
 	if abort == nil && herr != nil {
 		// Rendered into the recorder, so that failures are stored too.
 		if werr := WriteError(c, herr); werr != nil {
@@ -344,13 +356,23 @@ func (s *Server) runClaimed(c echo.Context, next echo.HandlerFunc, claim *idempo
 	if !res.Committed {
 		status = http.StatusOK
 	}
-	if status == http.StatusServiceUnavailable || transientConflict(herr) {
+	switch {
+	case unknown:
+		// Whether the write committed is unknown: its answer must not be
+		// replayed, and the key must not be freed for a retry that would
+		// run the write again. The claim is left to run out, as a dead
+		// owner's: the next request with the key takes it over and looks
+		// for the write's events first (unlessCommitted).
+		claim.Abandon()
+		s.logger.Warn("keyed write lost its database connection while committing; its key is left to its lease",
+			"request_id", RequestID(c), "idempotency_key", key, "owner", claim.Owner(), "error", herr)
+	case status == http.StatusServiceUnavailable || transientConflict(herr):
 		// Nothing committed (the database or a dependency was down, or
 		// Postgres rolled the transaction back as a deadlock victim or on
 		// a serialization failure, answered "retry"): a retry with the same
 		// key should run, not replay the failure.
 		s.releaseClaim(c, claim, key)
-	} else {
+	default:
 		stored := http.Header{}
 		for k, vs := range orig.Header() {
 			stored[k] = append([]string(nil), vs...)
