@@ -146,8 +146,9 @@ func tooLarge(limit int64, cause error) *framework.Error {
 	}
 }
 
-// logError logs 5xx errors at error level with their cause (and the stack
-// of a recovered panic), a request the client canceled at info level, and
+// logError logs 500s at error level with their cause (and the stack of a
+// recovered panic), other 5xx (a 503 while a dependency is away) at warn
+// level with their cause, a request the client canceled at info level, and
 // client errors at debug level.
 func logError(c echo.Context, err error, code framework.Code, status int) {
 	logger := loggerOf(c)
@@ -165,6 +166,12 @@ func logError(c echo.Context, err error, code framework.Code, status int) {
 		return
 	}
 	attrs = append(attrs, slog.String("error", err.Error()))
+	if status != http.StatusInternalServerError {
+		// A 503 is expected while a dependency is away (a restart, an
+		// outage): the client is told to retry, the operator sees why.
+		logger.LogAttrs(req.Context(), slog.LevelWarn, "request failed", attrs...)
+		return
+	}
 	if req.Context().Err() != nil && errors.Is(err, context.Canceled) {
 		// The client went away; nobody reads the answer.
 		logger.LogAttrs(req.Context(), slog.LevelInfo, "request canceled", attrs...)

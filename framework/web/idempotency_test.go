@@ -424,6 +424,14 @@ func TestUnavailableIsNotStored(t *testing.T) {
 	r.requireError(t, http.StatusServiceUnavailable, "unavailable")
 	require.Empty(t, r.header.Get(web.HeaderIdempotentReplayed))
 	require.EqualValues(t, 2, b.calls.Load(), "a retry after a 503 runs again")
+	// A 503 is expected while a dependency is away: logged as a warning
+	// with its cause, not as an "internal error".
+	require.Empty(t, b.logs.lines(t, "internal error"))
+	unavailable := b.logs.lines(t, "request failed")
+	require.Len(t, unavailable, 2)
+	require.Equal(t, "WARN", unavailable[0]["level"])
+	require.Equal(t, "unavailable", unavailable[0]["code"])
+	require.NotEmpty(t, unavailable[0]["error"])
 }
 
 // A write that lost a deadlock (or a serialization failure) committed
