@@ -220,14 +220,6 @@ func (s *Server) URL(db string) string {
 // directory clean for pg_resetwal or a restart) and waits; after 20 s it
 // kills it. Stopping a stopped server does nothing.
 func (s *Server) Stop() {
-	if s == nil || s.cmd.Process == nil {
-		return
-	}
-	select {
-	case <-s.done:
-		return
-	default:
-	}
 	s.shutdown(syscall.SIGINT)
 }
 
@@ -236,6 +228,12 @@ func (s *Server) Stop() {
 // next start on the data directory runs crash recovery. It waits until
 // the server is gone; crashing a stopped server does nothing.
 func (s *Server) Crash() {
+	s.shutdown(syscall.SIGQUIT)
+}
+
+// shutdown sends sig to the postmaster and waits; after 20 s it kills it.
+// A server that is not running is left alone.
+func (s *Server) shutdown(sig syscall.Signal) {
 	if s == nil || s.cmd.Process == nil {
 		return
 	}
@@ -244,11 +242,6 @@ func (s *Server) Crash() {
 		return
 	default:
 	}
-	s.shutdown(syscall.SIGQUIT)
-}
-
-// shutdown sends sig to the postmaster and waits; after 20 s it kills it.
-func (s *Server) shutdown(sig syscall.Signal) {
 	_ = s.cmd.Process.Signal(sig)
 	select {
 	case <-s.done:
