@@ -22,7 +22,7 @@ const readyBudget = 1500 * time.Millisecond
 
 // Check is one readiness check's outcome.
 type Check struct {
-	// Name is what was checked ("postgres", "redis", ...).
+	// Name is what was checked ("database", "redis", ...).
 	Name string `json:"name"`
 	// OK reports whether it answered in time.
 	OK bool `json:"ok"`
