@@ -49,3 +49,30 @@ func TestWriteOnAConnectionTheServerEndedIsUnavailable(t *testing.T) {
 
 	b.place(t, "t1", "after")
 }
+
+// A batch of several commands whose connection the server ended is 503
+// unavailable like a single write, with the failed command's index: the
+// runtime names the index in a *BatchError, which must not hide the
+// unavailable code (a keyed batch's 500 would be stored and replayed
+// although nothing committed).
+func TestBatchOnAConnectionTheServerEndedIsUnavailable(t *testing.T) {
+	t.Parallel()
+	b := newRTBundle(t, nil)
+	admin, err := pgx.Connect(t.Context(), b.db.URL)
+	require.NoError(t, err)
+	defer admin.Close(t.Context())
+
+	b.place(t, "t1", "warm-up")
+	_, err = admin.Exec(t.Context(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE datname = current_database() AND pid <> pg_backend_pid()`)
+	require.NoError(t, err)
+	_, err = b.rt.Write(t.Context(), callAs("t1", "u-t1"), []framework.Command{
+		command(t, "orders:write:place", orders.PlaceInput{Customer: "ada", AmountCents: 100}),
+		command(t, "orders:write:place", orders.PlaceInput{Customer: "bea", AmountCents: 100}),
+	})
+	require.Error(t, err)
+	fe := framework.ToError(err)
+	require.Equal(t, framework.CodeUnavailable, fe.Code, "%v", err)
+	require.Equal(t, 0, fe.Details.(map[string]any)["index"], "%v", err)
+	require.Equal(t, int64(0), b.count(t, `SELECT count(*) FROM orders WHERE customer IN ('ada', 'bea')`))
+}

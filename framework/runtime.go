@@ -526,6 +526,11 @@ func unavailableIfLost(ctx context.Context, c *pgx.Conn, err error) error {
 	if ctx.Err() != nil || ToError(err).Code != CodeInternal || !connectionLost(c, err) {
 		return err
 	}
+	if be, ok := errors.AsType[*BatchError](err); ok {
+		// ToError reads a *BatchError first, wherever it sits in the
+		// chain: the command's error itself must say unavailable.
+		return &BatchError{Index: be.Index, Err: &Error{Code: CodeUnavailable, Message: "database unavailable", Err: be.Err}}
+	}
 	return &Error{Code: CodeUnavailable, Message: "database unavailable", Err: err}
 }
 
