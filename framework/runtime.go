@@ -476,10 +476,14 @@ func (rt *Runtime) runOn(ctx context.Context, conn *pgxpool.Conn, tenant string,
 			}
 			return 0, err
 		}
-		// The write committed; only its token is missing. A query without
-		// a token still runs, it may just not see this write on a replica.
-		rt.logger.Warn("consistency token unavailable", "request_id", meta.RequestID, "error", err)
-		*token = ""
+		// The write committed; what failed came after the COMMIT's
+		// answer (the token's query, or the end of the batch on a lost
+		// connection). Only a token can be missing: a query without one
+		// still runs, it may just not see this write on a replica.
+		if token != nil {
+			rt.logger.Warn("consistency token unavailable", "request_id", meta.RequestID, "error", err)
+			*token = ""
+		}
 	}
 	if tx.written > 0 {
 		for _, f := range rt.onCommit {
