@@ -24,9 +24,11 @@ var commandCompleteCommit = []byte("C\x00\x00\x00\x0bCOMMIT\x00")
 // server's answer to a COMMIT arrived: the client reads that the write
 // committed, and then nothing more (not the ReadyForQuery that ends the
 // batch), as when the server is shut down or the network fails there.
+// With before set, the client does not read that answer either.
 type afterCommitCutter struct {
-	armed atomic.Bool
-	cuts  atomic.Int32
+	armed  atomic.Bool
+	before bool
+	cuts   atomic.Int32
 }
 
 func (ac *afterCommitCutter) dial(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -56,6 +58,9 @@ func (c *afterCommitConn) Read(p []byte) (int, error) {
 	seen := append(c.tail, p[:n]...)
 	if i := bytes.Index(seen, commandCompleteCommit); i >= 0 && c.ac.armed.CompareAndSwap(true, false) {
 		end := i + len(commandCompleteCommit) - len(c.tail)
+		if c.ac.before {
+			end = max(0, i-len(c.tail))
+		}
 		c.cut = true
 		c.ac.cuts.Add(1)
 		_ = c.Conn.Close()
@@ -94,4 +99,31 @@ func TestWriteThatLostItsConnectionAfterTheCommitAnswer(t *testing.T) {
 	var n int
 	require.NoError(t, db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM orders WHERE customer = 'ada'`).Scan(&n))
 	require.Equal(t, 1, n)
+}
+
+// A query is a read-only transaction: when its connection is lost while
+// its COMMIT is under way, nothing it did needed committing, so it is 503
+// unavailable (retry) like a query whose connection was lost before, not
+// the 500 of a write whose outcome is unknown.
+func TestQueryThatLostItsConnectionWhileCommittingIsUnavailable(t *testing.T) {
+	t.Parallel()
+	db := kumikotest.NewDB(t)
+	ac := &afterCommitCutter{before: true}
+	cfg, err := pgxpool.ParseConfig(db.URL)
+	require.NoError(t, err)
+	cfg.ConnConfig.DialFunc = ac.dial
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	reg := framework.NewRegistry()
+	orders.Register(reg)
+	rt, err := framework.NewRuntime(reg, pool, nil)
+	require.NoError(t, err)
+
+	ac.armed.Store(true)
+	_, err = rt.Query(t.Context(), callAs("t1", "u-t1"), command(t, "orders:query:totals", orders.TotalsInput{}))
+	require.Equal(t, int32(1), ac.cuts.Load(), "the connection was cut before the COMMIT's answer")
+	require.Error(t, err)
+	require.NotErrorIs(t, err, framework.ErrCommitOutcomeUnknown)
+	require.Equal(t, framework.CodeUnavailable, framework.ToError(err).Code, "%v", err)
 }

@@ -460,9 +460,11 @@ func (rt *Runtime) runOn(ctx context.Context, conn *pgxpool.Conn, tenant string,
 	if err := lz.SendBatch(ctx, b).Close(); err != nil {
 		if !committed {
 			rollback(conn.Conn())
-			if endedBeforeCommit(err) {
+			if endedBeforeCommit(err) || readOnly {
 				// The server ended the connection with an error before the
-				// COMMIT completed: it did not commit.
+				// COMMIT completed: it did not commit. A read-only
+				// transaction (a query) has nothing to commit: whatever
+				// its COMMIT's fate, a retry is safe.
 				return 0, unavailableIfLost(ctx, conn.Conn(), err)
 			}
 			// A connection lost otherwise after the batch went out (pgx
