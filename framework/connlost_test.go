@@ -1,6 +1,9 @@
 package framework_test
 
 import (
+	"context"
+	"time"
+
 	"net/http"
 	"testing"
 
@@ -75,4 +78,33 @@ func TestBatchOnAConnectionTheServerEndedIsUnavailable(t *testing.T) {
 	require.Equal(t, framework.CodeUnavailable, fe.Code, "%v", err)
 	require.Equal(t, 0, fe.Details.(map[string]any)["index"], "%v", err)
 	require.Equal(t, int64(0), b.count(t, `SELECT count(*) FROM orders WHERE customer IN ('ada', 'bea')`))
+}
+
+// slowInput is the payload of the slow write of
+// TestWriteWhoseSessionTheServerTimedOutIsUnavailable.
+type slowInput struct {
+	Name string `json:"name"`
+}
+
+// When the server ends a write's session with a FATAL error of its own
+// (here idle_in_transaction_session_timeout, which the docs recommend, while
+// the handler waited between two statements), the connection is gone and
+// no COMMIT was sent: 503 unavailable (retry), not a 500 (which a keyed
+// write would store and replay for a day, although nothing committed).
+func TestWriteWhoseSessionTheServerTimedOutIsUnavailable(t *testing.T) {
+	t.Parallel()
+	b := newRTBundle(t, func(r *framework.Registry, _ *orders.Feature) {
+		framework.Write(r.Feature("slow-test"), "slow", func(ctx context.Context, tx *framework.Tx, in slowInput) (string, error) {
+			if _, err := tx.Exec(ctx, `SELECT set_config('idle_in_transaction_session_timeout', '50ms', true)`); err != nil {
+				return "", err
+			}
+			time.Sleep(500 * time.Millisecond)
+			_, err := tx.Exec(ctx, `SELECT $1::text`, in.Name)
+			return in.Name, err
+		}, nil)
+	})
+	_, err := b.write(t, callAs("t1", "u-t1"), "slow-test:write:slow", slowInput{Name: "x"})
+	require.Error(t, err)
+	require.Equal(t, framework.CodeUnavailable, framework.ToError(err).Code, "%v", err)
+	b.place(t, "t1", "after")
 }

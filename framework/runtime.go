@@ -523,7 +523,8 @@ func rollback(c *pgx.Conn) {
 // COMMIT was sent, as a CodeUnavailable *[Error] when it means the
 // database connection is gone: the server ended it (57P01 admin shutdown,
 // as in a restart's fast shutdown; 57P02 crash shutdown; 57P03 cannot
-// connect now; class 08, connection exception), or the driver closed it
+// connect now; class 08, connection exception; any other FATAL, such as
+// an idle-in-transaction session timeout), or the driver closed it
 // on a network failure. An error with a code of its own (a handler's
 // *Error, a validation or concurrency error, a translated constraint
 // violation) stays, and so does one of a ctx that ended, which closes the
@@ -547,6 +548,11 @@ func connectionLost(c *pgx.Conn, err error) bool {
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
 		switch {
 		case pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03", strings.HasPrefix(pgErr.Code, "08"):
+			return true
+		case pgErr.Severity == "FATAL", pgErr.Severity == "PANIC":
+			// The server ended the session with its own reason (an idle
+			// or idle-in-transaction session timeout, say); the driver
+			// closes the connection on it.
 			return true
 		default:
 			// The server answered the statement: its connection works.
