@@ -273,7 +273,9 @@ func (rt *Runtime) write(ctx context.Context, call Call, cmds []Command, withTok
 		return nil
 	})
 	if err != nil {
-		if _, ok := errors.AsType[*BatchError](err); !ok && len(cmds) > 1 && wtx != nil {
+		// A write whose outcome is unknown failed as a whole, at its
+		// COMMIT: no command is to blame.
+		if _, ok := errors.AsType[*BatchError](err); !ok && len(cmds) > 1 && wtx != nil && !errors.Is(err, ErrCommitOutcomeUnknown) {
 			if j, ok := wtx.failedCommand(); ok {
 				// An append written with the COMMIT failed.
 				err = &BatchError{Index: j, Err: err}

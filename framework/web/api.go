@@ -96,9 +96,10 @@ func (s *Server) handleBatch(c echo.Context) error {
 	out, token, err := s.rt.WriteWithToken(c.Request().Context(), CallFrom(c), cmds)
 	if err != nil {
 		// The runtime names the index only for batches of two or more;
-		// a batch client expects it for one command as well.
+		// a batch client expects it for one command as well (not for a
+		// write whose outcome is unknown: it failed as a whole).
 		var be *framework.BatchError
-		if len(cmds) == 1 && !errors.As(err, &be) {
+		if len(cmds) == 1 && !errors.As(err, &be) && !errors.Is(err, framework.ErrCommitOutcomeUnknown) {
 			err = &framework.BatchError{Index: 0, Err: err}
 		}
 		return err

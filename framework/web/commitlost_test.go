@@ -198,4 +198,19 @@ func TestWriteThatLostItsConnectionWhileCommitting(t *testing.T) {
 	require.Equal(t, 1, b.eventsWithKey(t, key), "the retry did not run the write again")
 	requireReplayOf(t, retry, b.keyed(t, "/api/write", tok, key, place("Bea")))
 	require.Equal(t, 2, placed())
+
+	// Batches say the same, without naming a command: none of them failed.
+	cc.armed.Store(true)
+	r = b.keyed(t, "/api/batch", tok, "", map[string]any{"commands": []any{place("Cy"), place("Di")}})
+	env = r.requireError(t, http.StatusInternalServerError, "internal")
+	require.Contains(t, env.Error.Message, "whether it committed is unknown", "%s", r.body)
+	require.NotContains(t, env.Error.Details, "index", "%s", r.body)
+	require.Equal(t, 4, placed())
+	key = "cut-batch-" + randHex(8)
+	cc.armed.Store(true)
+	r = b.keyed(t, "/api/batch", tok, key, map[string]any{"commands": []any{place("Ed")}})
+	env = r.requireError(t, http.StatusInternalServerError, "internal")
+	require.Contains(t, env.Error.Message, "retry with the same Idempotency-Key", "%s", r.body)
+	require.Equal(t, int32(4), cc.cuts.Load())
+	require.Equal(t, 5, placed())
 }
