@@ -97,9 +97,11 @@ func QueueScope(b *pgx.Batch, tenant string) {
 }
 
 // queueScope queues QueueScope's statement; with a lock key (see
-// [Options].Lock) the same statement takes the advisory lock first, so that
-// a keyed write costs the database no statement of its own for it (the
-// target list is evaluated in order).
+// [Options].Lock) the same statement takes the advisory lock too, so that
+// a keyed write costs the database no statement of its own for it. Whatever
+// order Postgres evaluates the target list in (left to right in practice),
+// the statement succeeds or fails as a whole, its settings are local to
+// the transaction, and it precedes every statement of the caller.
 func queueScope(b *pgx.Batch, tenant, lock string) {
 	role := Role
 	if tenant == SystemTenantID {

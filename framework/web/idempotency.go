@@ -363,9 +363,8 @@ func (s *Server) runClaimed(c echo.Context, next echo.HandlerFunc, claim *idempo
 		// run the write again. The claim is left to run out, as a dead
 		// owner's: the next request with the key takes it over and looks
 		// for the write's events first (unlessCommitted).
+		// (WriteError logged it.)
 		claim.Abandon()
-		s.logger.Warn("keyed write lost its database connection while committing; its key is left to its lease",
-			"request_id", RequestID(c), "idempotency_key", key, "owner", claim.Owner(), "error", herr)
 	case status == http.StatusServiceUnavailable || transientConflict(herr):
 		// Nothing committed (the database or a dependency was down, or
 		// Postgres rolled the transaction back as a deadlock victim or on

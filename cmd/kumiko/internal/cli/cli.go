@@ -229,11 +229,11 @@ func tokenCmd() *cobra.Command {
 			if tenant == "" || user == "" {
 				return errors.New("--tenant and --user are required")
 			}
-			for flag, v := range map[string]string{"--tenant": tenant, "--user": user} {
-				if strings.TrimSpace(v) != v {
+			for _, f := range [...]struct{ flag, v string }{{"--tenant", tenant}, {"--user", user}} {
+				if strings.TrimSpace(f.v) != f.v {
 					// " acme" is another tenant than "acme": a token for it
 					// would see none of acme's data.
-					return fmt.Errorf("%s %q is blank or starts or ends with white space", flag, v)
+					return fmt.Errorf("%s %q is blank or starts or ends with white space", f.flag, f.v)
 				}
 			}
 			if ttl <= 0 {
