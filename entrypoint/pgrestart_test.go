@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -15,16 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kumiko-go/kumiko/framework/jobs/jobstest"
-	"github.com/kumiko-go/kumiko/framework/migrate"
-	"github.com/kumiko-go/kumiko/internal/pgcluster"
 )
-
-// outageBound is how long a write or a readiness probe may take while the
-// database is away or coming back, and how soon after it answers again
-// writes and readiness must recover. The process's own bounds are shorter
-// (DATABASE_POOL_CONNECT_TIMEOUT 1 s, the readiness budget 1.5 s); the
-// rest is margin for a loaded machine.
-const outageBound = 5 * time.Second
 
 // writeAnswer is what one POST /api/write got.
 type writeAnswer struct {
@@ -38,25 +28,6 @@ type writeAnswer struct {
 	errorCode     string
 	requestID     string
 	envelopeState string // "" when the body is a well-formed envelope
-}
-
-// probeAnswer is what one GET /health/ready got.
-type probeAnswer struct {
-	start, end time.Time
-	code       int
-	body       []byte
-	err        error
-}
-
-// outage is one time the database was away: from the moment it was told
-// to go (stopping) and the moment it no longer answered (down) to the
-// moment it accepted connections again (up).
-type outage struct {
-	name       string
-	stopping   time.Time
-	down, up   time.Time
-	recoveredW time.Time // the end of the first 200 write started after up
-	recoveredR time.Time // the end of the first 200 probe started after up
 }
 
 // TestProcessRidesOverADatabaseRestartAndCrash: one all-in-one process
@@ -83,17 +54,8 @@ type outage struct {
 func TestProcessRidesOverADatabaseRestartAndCrash(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	cluster := pgcluster.New(t)
-	dataDir := cluster.InitDB("data")
-	pg := cluster.Start(dataDir)
-	dbURL := pg.URL("postgres")
-	func() {
-		pool, err := pgxpool.New(ctx, dbURL)
-		require.NoError(t, err)
-		defer pool.Close()
-		_, err = migrate.Up(ctx, pool, nil, nil)
-		require.NoError(t, err)
-	}()
+	pg := startPrivatePG(t)
+	dbURL := pg.url
 	rds := jobstest.StartRedis(t)
 	p := start(t, "all-in-one", procEnv("all-in-one", dbURL, rds.URL, "pgrestart"))
 	p.waitReady(t)
@@ -105,7 +67,6 @@ func TestProcessRidesOverADatabaseRestartAndCrash(t *testing.T) {
 	stop := make(chan struct{})
 	var mu sync.Mutex
 	var writes []writeAnswer
-	var probes []probeAnswer
 	var wg sync.WaitGroup
 	for c := range 3 {
 		wg.Go(func() {
@@ -132,25 +93,8 @@ func TestProcessRidesOverADatabaseRestartAndCrash(t *testing.T) {
 			}
 		})
 	}
-	wg.Go(func() {
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			a := probeAnswer{start: time.Now()}
-			rctx, cancel := context.WithTimeout(ctx, 2*outageBound)
-			a.code, a.body, a.err = get(rctx, p.url+"/health/ready")
-			cancel()
-			a.end = time.Now()
-			mu.Lock()
-			probes = append(probes, a)
-			mu.Unlock()
-			time.Sleep(50 * time.Millisecond)
-		}
-	})
-	stopLoad := sync.OnceFunc(func() { close(stop); wg.Wait() })
+	pr := probeReady(p.url)
+	stopLoad := sync.OnceFunc(func() { close(stop); wg.Wait(); pr.stop() })
 	defer stopLoad()
 
 	oks := func(after time.Time) int {
@@ -176,12 +120,8 @@ func TestProcessRidesOverADatabaseRestartAndCrash(t *testing.T) {
 					o.recoveredW = a.end
 				}
 			}
-			for _, a := range probes {
-				if a.code == http.StatusOK && a.start.After(o.up) && (o.recoveredR.IsZero() || a.end.Before(o.recoveredR)) {
-					o.recoveredR = a.end
-				}
-			}
 			mu.Unlock()
+			o.recoveredR = pr.readyAfter(o.up)
 			if !o.recoveredW.IsZero() && !o.recoveredR.IsZero() {
 				return
 			}
@@ -197,10 +137,10 @@ func TestProcessRidesOverADatabaseRestartAndCrash(t *testing.T) {
 	}
 	// awayFor keeps the database away for a second of trickle, with
 	// readiness probed meanwhile.
-	awayFor := func(o *outage) {
+	awayFor := func() {
 		t.Helper()
 		time.Sleep(time.Second)
-		require.True(t, p.running(), "%s: the process exited with %d", o.name, p.Code())
+		require.True(t, p.running(), "the process exited with %d while the database was away", p.Code())
 	}
 
 	// trickle lets writes flow for half a second, at least 20 of them
@@ -216,12 +156,7 @@ func TestProcessRidesOverADatabaseRestartAndCrash(t *testing.T) {
 	trickle(time.Time{})
 
 	// Phase 1: a restart (fast shutdown).
-	restart := &outage{name: "restart", stopping: time.Now()}
-	pg.Stop()
-	restart.down = time.Now()
-	awayFor(restart)
-	restart.up = time.Now()
-	pg = cluster.StartOn(dataDir, pg.Port)
+	restart := pg.takeAway(t, "restart", false, awayFor)
 	waitRecovered(restart)
 	trickle(restart.up)
 
@@ -234,42 +169,18 @@ func TestProcessRidesOverADatabaseRestartAndCrash(t *testing.T) {
 	lastID := evs1[len(evs1)-1].ID
 
 	// Phase 2: a crash (immediate shutdown, crash recovery at start).
-	crash := &outage{name: "crash", stopping: time.Now()}
-	pg.Crash()
-	crash.down = time.Now()
-	awayFor(crash)
-	crash.up = time.Now()
-	pg = cluster.StartOn(dataDir, pg.Port)
-	pglog, err := os.ReadFile(pg.Log)
-	require.NoError(t, err)
-	require.Contains(t, string(pglog), "automatic recovery in progress", "the crash made the start run crash recovery")
+	crash := pg.takeAway(t, "crash", true, awayFor)
 	waitRecovered(crash)
 	trickle(crash.up)
 	stopLoad()
 	require.True(t, p.running(), "the process exited with %d", p.Code())
 
-	outages := []*outage{restart, crash}
+	outages := outages{restart, crash}
 	for _, o := range outages {
 		t.Logf("%s: writes recovered %s and readiness %s after the database came back",
 			o.name, o.recoveredW.Sub(o.up).Round(time.Millisecond), o.recoveredR.Sub(o.up).Round(time.Millisecond))
 	}
-	during := func(start, end time.Time) *outage {
-		for _, o := range outages {
-			if start.After(o.down) && end.Before(o.up) {
-				return o
-			}
-		}
-		return nil
-	}
-
-	inFlight := func(start, end time.Time) *outage {
-		for _, o := range outages {
-			if start.Before(o.stopping) && end.After(o.stopping) {
-				return o
-			}
-		}
-		return nil
-	}
+	during, inFlight := outages.during, outages.inFlight
 	inDoubt := 0
 
 	// Every write was answered in time, 200 or a 503 in the envelope; the
@@ -311,20 +222,7 @@ func TestProcessRidesOverADatabaseRestartAndCrash(t *testing.T) {
 	}
 
 	// Readiness said 503 while the database was away, each answer in time.
-	notReady := map[string]int{}
-	for _, a := range probes {
-		require.NoError(t, a.err, "probe at %s", a.start.Format(time.StampMilli))
-		took := a.end.Sub(a.start)
-		require.Less(t, took, 2500*time.Millisecond, "a readiness probe took %s: %s", took, a.body)
-		if o := during(a.start, a.end); o != nil {
-			require.Equal(t, http.StatusServiceUnavailable, a.code, "%s: ready while the database was away: %s", o.name, a.body)
-			require.Contains(t, string(a.body), `{"name":"database","ok":false`, "%s", a.body)
-			notReady[o.name]++
-		}
-	}
-	for _, o := range outages {
-		require.Positive(t, notReady[o.name], "%s: readiness was not probed while the database was away", o.name)
-	}
+	requireNotReadyWhileAway(t, "all-in-one", pr.answers(), outages)
 
 	pool, err := pgxpool.New(ctx, dbURL)
 	require.NoError(t, err)
