@@ -62,6 +62,10 @@ func (a *App) validateJobs() error {
 	return nil
 }
 
+// reservedConnections is how many connections of DATABASE_POOL_MAX job
+// runs leave to the rest of the process (jobs.Config.MaxTransactions).
+const reservedConnections = 2
+
 // setupJobs builds the job runner of this mode on its own Redis client and
 // returns consumers with the job-trigger consumer added where the mode runs
 // it (worker and all-in-one). Without declared jobs it changes nothing.
@@ -77,7 +81,11 @@ func (a *App) setupJobs(consumers []dispatcher.Consumer) ([]dispatcher.Consumer,
 	// run, which must not starve idempotency and cache lookups.
 	rdb := redis.NewClient(ro)
 	a.onShutdown(func(context.Context) error { return rdb.Close() })
-	cfg := &jobs.Config{Logger: a.log, Metrics: a.metrics}
+	// A run's transaction holds a connection of the pool this process's
+	// dispatcher, requests and health checks use too: the runs of the
+	// lanes (10 at once each) may hold all but two of them.
+	cfg := &jobs.Config{Logger: a.log, Metrics: a.metrics,
+		MaxTransactions: max(1, int(a.cfg.DatabasePoolMax)-reservedConnections)}
 	switch a.mode {
 	case config.ModeAPI:
 		if a.cfg.RunLocalJobs {

@@ -43,6 +43,8 @@ type Context struct {
 	rt       *framework.Runtime
 	client   *Client
 	children *children
+	// txSlots bounds the runner's runs inside InTx (nil: no bound).
+	txSlots chan struct{}
 	// run is the run's id (its headerRun), the same in every attempt.
 	run string
 }
@@ -70,10 +72,21 @@ func (c *children) next(job string) int {
 // security confines it as it does write handlers) and commits it. Events fn
 // appends carry the run's correlation id and its causation id (the task id
 // when the run has none, as cron runs).
-// Put the run's database writes and its [HandledOnce] claim in one InTx.
+// Put the run's database writes and its [HandledOnce] claim in one InTx,
+// and do not nest InTx calls. With [Config].MaxTransactions set, InTx
+// first waits (as long as ctx allows) until fewer runs than that are in
+// one.
 func (c *Context) InTx(ctx context.Context, fn func(ctx context.Context, tx *framework.Tx) error) error {
 	if c.rt == nil {
 		return fmt.Errorf("jobs: %s: no runtime to open a transaction", c.Job)
+	}
+	if c.txSlots != nil {
+		select {
+		case c.txSlots <- struct{}{}:
+			defer func() { <-c.txSlots }()
+		case <-ctx.Done():
+			return fmt.Errorf("jobs: %s: waiting for a transaction slot: %w", c.Job, ctx.Err())
+		}
 	}
 	meta := framework.Metadata{UserID: c.UserID, CorrelationID: c.CorrelationID, CausationID: cmp.Or(c.CausationID, c.TaskID)}
 	_, err := c.rt.InTx(ctx, c.TenantID, meta, fn)

@@ -38,6 +38,15 @@ type Config struct {
 	QueuePrefix string
 	// Concurrency is the number of runs at once per lane. Defaults to 10.
 	Concurrency int
+	// MaxTransactions bounds how many of this runner's runs may be inside
+	// [Context.InTx] at once: a run's transaction holds a connection of
+	// the pool the process shares with its dispatcher and requests, also
+	// while it waits on a lock or on an HTTP call, so that without a bound
+	// the runs of a lane or two can hold every connection. A run waits for
+	// a free slot before its transaction begins. 0 (the default) means no
+	// bound; the entrypoint leaves two connections of DATABASE_POOL_MAX to
+	// the rest of the process.
+	MaxTransactions int
 	// TaskCheckInterval is how often an idle lane asks Redis for work; it
 	// bounds the latency an idle lane adds. Defaults to 10ms.
 	TaskCheckInterval time.Duration
@@ -81,6 +90,9 @@ type Runner struct {
 	// stopping is set when Run starts shutting its lanes down (see
 	// interrupted).
 	stopping atomic.Bool
+	// txSlots holds a token per run inside Context.InTx (nil: no bound,
+	// see Config.MaxTransactions).
+	txSlots chan struct{}
 }
 
 // New returns a runner for the jobs of rt's registry on the Redis client rdb
@@ -116,6 +128,9 @@ func New(rt *framework.Runtime, rdb redis.UniversalClient, cfg *Config) (*Runner
 		set: For(rt.Registry()), rt: rt, rdb: rdb, cfg: c,
 		log:     cmp.Or(c.Logger, slog.New(slog.DiscardHandler)),
 		metrics: m,
+	}
+	if c.MaxTransactions > 0 {
+		r.txSlots = make(chan struct{}, c.MaxTransactions)
 	}
 	r.client = &Client{
 		set: r.set, aq: asynq.NewClientFromRedisClient(rdb), in: asynq.NewInspectorFromRedisClient(rdb), rdb: rdb, prefix: c.QueuePrefix,
@@ -230,7 +245,8 @@ func (r *Runner) Run(ctx context.Context) error {
 			return fmt.Errorf("jobs: start %s lane: %w", lane, err)
 		}
 		servers = append(servers, srv)
-		r.log.Info("job lane started", "lane", string(lane), "jobs", len(jobs), "concurrency", r.cfg.Concurrency)
+		r.log.Info("job lane started", "lane", string(lane), "jobs", len(jobs), "concurrency", r.cfg.Concurrency,
+			"max_transactions", r.cfg.MaxTransactions)
 	}
 	var wg sync.WaitGroup
 	if r.cfg.Scheduler {
@@ -328,7 +344,7 @@ func (r *Runner) undeclared(ctx context.Context, lane framework.RunIn, t *asynq.
 func (r *Runner) handler(lane framework.RunIn, j *Job) asynq.HandlerFunc {
 	return func(ctx context.Context, t *asynq.Task) (err error) {
 		start := time.Now()
-		jc := &Context{Job: j.name, Lane: lane, rt: r.rt, client: r.client, children: &children{}}
+		jc := &Context{Job: j.name, Lane: lane, rt: r.rt, client: r.client, children: &children{}, txSlots: r.txSlots}
 		jc.TaskID, _ = asynq.GetTaskID(ctx)
 		jc.Retry, _ = asynq.GetRetryCount(ctx)
 		jc.MaxRetry = j.maxRetry()
