@@ -96,13 +96,7 @@ func TestJobsRideOverADatabaseRestartAndCrash(t *testing.T) {
 	oks := func(after time.Time) int {
 		mu.Lock()
 		defer mu.Unlock()
-		n := 0
-		for _, a := range writes {
-			if a.code == http.StatusOK && a.start.After(after) {
-				n++
-			}
-		}
-		return n
+		return okAfter(writes, after)
 	}
 	trickle := func(since time.Time) {
 		t.Helper()

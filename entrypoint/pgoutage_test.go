@@ -202,3 +202,14 @@ func requireNotReadyWhileAway(t *testing.T, what string, probes []probeAnswer, o
 		require.Positive(t, notReady[o.name], "%s: %s: readiness was not probed while the database was away", what, o.name)
 	}
 }
+
+// okAfter counts the writes answered 200 that began after after.
+func okAfter(writes []writeAnswer, after time.Time) int {
+	n := 0
+	for _, a := range writes {
+		if a.code == http.StatusOK && a.start.After(after) {
+			n++
+		}
+	}
+	return n
+}

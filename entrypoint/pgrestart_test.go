@@ -100,13 +100,7 @@ func TestProcessRidesOverADatabaseRestartAndCrash(t *testing.T) {
 	oks := func(after time.Time) int {
 		mu.Lock()
 		defer mu.Unlock()
-		n := 0
-		for _, a := range writes {
-			if a.code == http.StatusOK && a.start.After(after) {
-				n++
-			}
-		}
-		return n
+		return okAfter(writes, after)
 	}
 	// waitRecovered waits until a write and a readiness probe started
 	// after o.up have answered 200, and records when.

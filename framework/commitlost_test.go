@@ -75,18 +75,8 @@ func (c *afterCommitConn) Read(p []byte) (int, error) {
 // ended, committed: it succeeds, it does not panic.
 func TestWriteThatLostItsConnectionAfterTheCommitAnswer(t *testing.T) {
 	t.Parallel()
-	db := kumikotest.NewDB(t)
 	ac := &afterCommitCutter{}
-	cfg, err := pgxpool.ParseConfig(db.URL)
-	require.NoError(t, err)
-	cfg.ConnConfig.DialFunc = ac.dial
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
-	reg := framework.NewRegistry()
-	orders.Register(reg)
-	rt, err := framework.NewRuntime(reg, pool, nil)
-	require.NoError(t, err)
+	db, rt := cutRuntime(t, ac)
 
 	ac.armed.Store(true)
 	var werr error
@@ -107,8 +97,22 @@ func TestWriteThatLostItsConnectionAfterTheCommitAnswer(t *testing.T) {
 // the 500 of a write whose outcome is unknown.
 func TestQueryThatLostItsConnectionWhileCommittingIsUnavailable(t *testing.T) {
 	t.Parallel()
-	db := kumikotest.NewDB(t)
 	ac := &afterCommitCutter{before: true}
+	_, rt := cutRuntime(t, ac)
+
+	ac.armed.Store(true)
+	_, err := rt.Query(t.Context(), callAs("t1", "u-t1"), command(t, "orders:query:totals", orders.TotalsInput{}))
+	require.Equal(t, int32(1), ac.cuts.Load(), "the connection was cut before the COMMIT's answer")
+	require.Error(t, err)
+	require.NotErrorIs(t, err, framework.ErrCommitOutcomeUnknown)
+	require.Equal(t, framework.CodeUnavailable, framework.ToError(err).Code, "%v", err)
+}
+
+// cutRuntime returns a fresh database and a runtime with the orders
+// feature whose pool dials through ac.
+func cutRuntime(t *testing.T, ac *afterCommitCutter) (*kumikotest.DB, *framework.Runtime) {
+	t.Helper()
+	db := kumikotest.NewDB(t)
 	cfg, err := pgxpool.ParseConfig(db.URL)
 	require.NoError(t, err)
 	cfg.ConnConfig.DialFunc = ac.dial
@@ -119,11 +123,5 @@ func TestQueryThatLostItsConnectionWhileCommittingIsUnavailable(t *testing.T) {
 	orders.Register(reg)
 	rt, err := framework.NewRuntime(reg, pool, nil)
 	require.NoError(t, err)
-
-	ac.armed.Store(true)
-	_, err = rt.Query(t.Context(), callAs("t1", "u-t1"), command(t, "orders:query:totals", orders.TotalsInput{}))
-	require.Equal(t, int32(1), ac.cuts.Load(), "the connection was cut before the COMMIT's answer")
-	require.Error(t, err)
-	require.NotErrorIs(t, err, framework.ErrCommitOutcomeUnknown)
-	require.Equal(t, framework.CodeUnavailable, framework.ToError(err).Code, "%v", err)
+	return db, rt
 }
