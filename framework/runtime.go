@@ -521,8 +521,10 @@ func rollback(c *pgx.Conn) {
 	}
 }
 
-// unavailableIfLost returns err, which ended a transaction on c before its
-// COMMIT was sent, as a CodeUnavailable *[Error] when it means the
+// unavailableIfLost returns err, which ended a transaction on c that did
+// not commit (its COMMIT was not sent, or the server ended the connection
+// before it completed, or it was read-only), as a CodeUnavailable *[Error]
+// when it means the
 // database connection is gone: the server ended it (57P01 admin shutdown,
 // as in a restart's fast shutdown; 57P02 crash shutdown; 57P03 cannot
 // connect now; class 08, connection exception; any other FATAL, such as
