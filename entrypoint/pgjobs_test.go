@@ -70,34 +70,11 @@ func TestJobsRideOverADatabaseRestartAndCrash(t *testing.T) {
 	}
 
 	// The trickle of writes (two clients) and the worker's readiness.
-	stop := make(chan struct{})
-	var mu sync.Mutex
-	var writes []writeAnswer
-	var wg sync.WaitGroup
-	for c := range 2 {
-		wg.Go(func() {
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				a := placeOnce(t, api.url, c, i, "")
-				mu.Lock()
-				writes = append(writes, a)
-				mu.Unlock()
-				time.Sleep(20 * time.Millisecond)
-			}
-		})
-	}
+	load := startWriteLoad(2, func(c, i int) (writeAnswer, bool) { return placeOnce(t, api.url, c, i, ""), true })
 	pr := probeReady(worker.url)
-	stopLoad := sync.OnceFunc(func() { close(stop); wg.Wait(); pr.stop() })
+	stopLoad := sync.OnceFunc(func() { load.halt(); pr.stop() })
 	defer stopLoad()
-	oks := func(after time.Time) int {
-		mu.Lock()
-		defer mu.Unlock()
-		return okAfter(writes, after)
-	}
+	oks := load.oks
 	trickle := func(since time.Time) {
 		t.Helper()
 		time.Sleep(500 * time.Millisecond)
@@ -243,6 +220,7 @@ func TestJobsRideOverADatabaseRestartAndCrash(t *testing.T) {
 	waitRecovered(crash)
 	trickle(crash.up)
 	stopLoad()
+	writes := load.writes
 	alive("after the outages")
 	outages := outages{restart, crash}
 	for _, o := range outages {

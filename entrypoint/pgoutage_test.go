@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"os"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -203,10 +204,59 @@ func requireNotReadyWhileAway(t *testing.T, what string, probes []probeAnswer, o
 	}
 }
 
-// okAfter counts the writes answered 200 that began after after.
-func okAfter(writes []writeAnswer, after time.Time) int {
+// writeLoad is a trickle of writes from several clients, each placing
+// one order every 20 ms until halted, and the answers they got.
+type writeLoad struct {
+	stop chan struct{}
+	wg   sync.WaitGroup
+	mu   sync.Mutex
+	// writes are the answers so far; read it directly only after halt.
+	writes []writeAnswer
+}
+
+// startWriteLoad starts clients goroutines calling place(c, i) for client
+// c's i-th write; i advances when place says so (a keyed client retries
+// its write under the same key instead).
+func startWriteLoad(clients int, place func(c, i int) (writeAnswer, bool)) *writeLoad {
+	l := &writeLoad{stop: make(chan struct{})}
+	for c := range clients {
+		l.wg.Go(func() {
+			for i := 0; ; {
+				select {
+				case <-l.stop:
+					return
+				default:
+				}
+				a, next := place(c, i)
+				l.mu.Lock()
+				l.writes = append(l.writes, a)
+				l.mu.Unlock()
+				if next {
+					i++
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		})
+	}
+	return l
+}
+
+// halt stops the clients and waits for them.
+func (l *writeLoad) halt() { close(l.stop); l.wg.Wait() }
+
+// answers returns a copy of the answers so far.
+func (l *writeLoad) answers() []writeAnswer {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.writes)
+}
+
+// oks counts the writes answered 200 that began after after.
+func (l *writeLoad) oks(after time.Time) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	n := 0
-	for _, a := range writes {
+	for _, a := range l.writes {
 		if a.code == http.StatusOK && a.start.After(after) {
 			n++
 		}

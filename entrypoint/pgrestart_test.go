@@ -64,57 +64,31 @@ func TestProcessRidesOverADatabaseRestartAndCrash(t *testing.T) {
 	require.NoError(t, err)
 
 	// The trickle of writes and the readiness prober.
-	stop := make(chan struct{})
-	var mu sync.Mutex
-	var writes []writeAnswer
-	var wg sync.WaitGroup
-	for c := range 3 {
-		wg.Go(func() {
-			for i := 0; ; {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				// Client 2 sends an Idempotency-Key and retries a write
-				// refused with 503 under the same key.
-				key := ""
-				if c == 2 {
-					key = fmt.Sprintf("pgrestart-%d", i)
-				}
-				a := placeOnce(t, p.url, c, i, key)
-				mu.Lock()
-				writes = append(writes, a)
-				mu.Unlock()
-				if key == "" || a.code != http.StatusServiceUnavailable {
-					i++
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
-		})
-	}
+	load := startWriteLoad(3, func(c, i int) (writeAnswer, bool) {
+		// Client 2 sends an Idempotency-Key and retries a write refused
+		// with 503 under the same key.
+		key := ""
+		if c == 2 {
+			key = fmt.Sprintf("pgrestart-%d", i)
+		}
+		a := placeOnce(t, p.url, c, i, key)
+		return a, key == "" || a.code != http.StatusServiceUnavailable
+	})
 	pr := probeReady(p.url)
-	stopLoad := sync.OnceFunc(func() { close(stop); wg.Wait(); pr.stop() })
+	stopLoad := sync.OnceFunc(func() { load.halt(); pr.stop() })
 	defer stopLoad()
-
-	oks := func(after time.Time) int {
-		mu.Lock()
-		defer mu.Unlock()
-		return okAfter(writes, after)
-	}
+	oks := load.oks
 	// waitRecovered waits until a write and a readiness probe started
 	// after o.up have answered 200, and records when.
 	waitRecovered := func(o *outage) {
 		t.Helper()
 		deadline := o.up.Add(outageBound)
 		for {
-			mu.Lock()
-			for _, a := range writes {
+			for _, a := range load.answers() {
 				if a.code == http.StatusOK && a.start.After(o.up) && (o.recoveredW.IsZero() || a.end.Before(o.recoveredW)) {
 					o.recoveredW = a.end
 				}
 			}
-			mu.Unlock()
 			o.recoveredR = pr.readyAfter(o.up)
 			if !o.recoveredW.IsZero() && !o.recoveredR.IsZero() {
 				return
@@ -167,6 +141,7 @@ func TestProcessRidesOverADatabaseRestartAndCrash(t *testing.T) {
 	waitRecovered(crash)
 	trickle(crash.up)
 	stopLoad()
+	writes := load.writes
 	require.True(t, p.running(), "the process exited with %d", p.Code())
 
 	outages := outages{restart, crash}
