@@ -108,3 +108,26 @@ func TestWriteWhoseSessionTheServerTimedOutIsUnavailable(t *testing.T) {
 	require.Equal(t, framework.CodeUnavailable, framework.ToError(err).Code, "%v", err)
 	b.place(t, "t1", "after")
 }
+
+// A handler that bounds its own statement with a context deadline makes
+// pgx close the connection when the deadline fires: nothing committed, so
+// the write is 503 unavailable (a retry is safe), but its message names
+// the deadline, not a database that is down.
+func TestWriteWhoseStatementOutlivedTheHandlersDeadline(t *testing.T) {
+	t.Parallel()
+	b := newRTBundle(t, func(r *framework.Registry, _ *orders.Feature) {
+		framework.Write(r.Feature("slow-test"), "bounded", func(ctx context.Context, tx *framework.Tx, in slowInput) (string, error) {
+			ctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+			defer cancel()
+			_, err := tx.Exec(ctx, `SELECT pg_sleep(2), $1::text`, in.Name)
+			return in.Name, err
+		}, nil)
+	})
+	_, err := b.write(t, callAs("t1", "u-t1"), "slow-test:write:bounded", slowInput{Name: "x"})
+	require.Error(t, err)
+	fe := framework.ToError(err)
+	require.Equal(t, framework.CodeUnavailable, fe.Code, "%v", err)
+	require.Contains(t, fe.Message, "deadline", "%v", err)
+	require.NotContains(t, fe.Message, "database unavailable")
+	b.place(t, "t1", "after")
+}

@@ -524,26 +524,36 @@ func rollback(c *pgx.Conn) {
 // unavailableIfLost returns err, which ended a transaction on c that did
 // not commit (its COMMIT was not sent, or the server ended the connection
 // before it completed, or it was read-only), as a CodeUnavailable *[Error]
-// when it means the
-// database connection is gone: the server ended it (57P01 admin shutdown,
-// as in a restart's fast shutdown; 57P02 crash shutdown; 57P03 cannot
-// connect now; class 08, connection exception; any other FATAL, such as
-// an idle-in-transaction session timeout), or the driver closed it
-// on a network failure. An error with a code of its own (a handler's
-// *Error, a validation or concurrency error, a translated constraint
-// violation) stays, and so does one of a ctx that ended, which closes the
-// connection too.
+// when it means the database connection is gone: the server ended it
+// (57P01 admin shutdown, as in a restart's fast shutdown; 57P02 crash
+// shutdown; 57P03 cannot connect now; class 08, connection exception; any
+// other FATAL, such as an idle-in-transaction session timeout), or the
+// driver closed it on a network failure or when a statement's own context
+// ended (a handler that bounds a statement with a deadline: the message
+// says so). An error with a code of its own (a handler's *Error, a
+// validation or concurrency error, a translated constraint violation)
+// stays, and so does one of a ctx that ended, which closes the connection
+// too.
 func unavailableIfLost(ctx context.Context, c *pgx.Conn, err error) error {
 	if ctx.Err() != nil || ToError(err).Code != CodeInternal || !connectionLost(c, err) {
 		return err
 	}
+	msg := "database unavailable"
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		msg = statementContextEndedMessage
+	}
 	if be, ok := errors.AsType[*BatchError](err); ok {
 		// ToError reads a *BatchError first, wherever it sits in the
 		// chain: the command's error itself must say unavailable.
-		return &BatchError{Index: be.Index, Err: &Error{Code: CodeUnavailable, Message: "database unavailable", Err: be.Err}}
+		return &BatchError{Index: be.Index, Err: &Error{Code: CodeUnavailable, Message: msg, Err: be.Err}}
 	}
-	return &Error{Code: CodeUnavailable, Message: "database unavailable", Err: err}
+	return &Error{Code: CodeUnavailable, Message: msg, Err: err}
 }
+
+// statementContextEndedMessage answers a transaction whose statement the
+// handler bounded with a context of its own that ended first: the driver
+// closed the connection, so nothing was committed.
+const statementContextEndedMessage = "a database statement ran past its handler's deadline; nothing was committed"
 
 // connectionLost reports whether err, which a statement on c failed with,
 // means that the connection is gone (see unavailableIfLost) rather than
