@@ -2,12 +2,14 @@ package framework_test
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"net/http"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kumiko-go/kumiko/features/orders"
@@ -130,4 +132,24 @@ func TestWriteWhoseStatementOutlivedTheHandlersDeadline(t *testing.T) {
 	require.Contains(t, fe.Message, "deadline", "%v", err)
 	require.NotContains(t, fe.Message, "database unavailable")
 	b.place(t, "t1", "after")
+}
+
+// DatabaseUnreachable tells an outage (retried, a warning) from a failure
+// the server answered or a context that ended.
+func TestDatabaseUnreachable(t *testing.T) {
+	t.Parallel()
+	b := newRTBundle(t, nil)
+	_, err := b.db.Pool.Exec(t.Context(), `SELECT * FROM no_such_table`)
+	require.Error(t, err)
+	require.False(t, framework.DatabaseUnreachable(err), "%v", err)
+	require.False(t, framework.DatabaseUnreachable(nil))
+	require.False(t, framework.DatabaseUnreachable(fmt.Errorf("pass: %w", context.DeadlineExceeded)))
+	require.True(t, framework.DatabaseUnreachable(fmt.Errorf("read batch: %w", &pgconn.PgError{Severity: "FATAL", Code: "57P01"})))
+
+	cfg, err := pgx.ParseConfig(b.db.URL)
+	require.NoError(t, err)
+	cfg.Port = 1 // nothing listens there
+	_, err = pgx.ConnectConfig(t.Context(), cfg)
+	require.Error(t, err)
+	require.True(t, framework.DatabaseUnreachable(fmt.Errorf("acquire: %w", err)), "%v", err)
 }

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"runtime/debug"
 	"strings"
 	"sync/atomic"
@@ -560,20 +562,47 @@ const statementContextEndedMessage = "a database statement ran past its handler'
 // that the server refused the statement.
 func connectionLost(c *pgx.Conn, err error) bool {
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
-		switch {
-		case pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03", strings.HasPrefix(pgErr.Code, "08"):
-			return true
-		case pgErr.Severity == "FATAL", pgErr.Severity == "PANIC":
-			// The server ended the session with its own reason (an idle
-			// or idle-in-transaction session timeout, say); the driver
-			// closes the connection on it.
-			return true
-		default:
-			// The server answered the statement: its connection works.
-			return false
-		}
+		return sessionEnded(pgErr)
 	}
 	return c.IsClosed()
+}
+
+// sessionEnded reports whether the server's error ended the session: 57P01
+// admin shutdown, 57P02 crash shutdown, 57P03 cannot connect now, class 08
+// (connection exception), or any other FATAL or PANIC, with the server's
+// own reason (an idle or idle-in-transaction session timeout, say); the
+// driver closes the connection on it. Any other error means the server
+// answered the statement: its connection works.
+func sessionEnded(pgErr *pgconn.PgError) bool {
+	switch {
+	case pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03", strings.HasPrefix(pgErr.Code, "08"):
+		return true
+	default:
+		return pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC"
+	}
+}
+
+// DatabaseUnreachable reports whether err says that the database could not
+// be reached or ended the connection: a refused or failed connect, a
+// network failure, a connection the driver had closed, or the server's own
+// FATAL (a restart's shutdown, a crash, a session timeout). Such a failure
+// passes when the database is back; background loops retry it and log it
+// as a warning. A context that ended is not one, nor is an error the
+// server answered a statement with.
+func DatabaseUnreachable(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
+		return sessionEnded(pgErr)
+	}
+	if _, ok := errors.AsType[*pgconn.ConnectError](err); ok {
+		return true
+	}
+	if _, ok := errors.AsType[net.Error](err); ok {
+		return true
+	}
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || pgconn.SafeToRetry(err)
 }
 
 // endedBeforeCommit reports whether err, the failure of a batch ending in

@@ -454,7 +454,13 @@ func (d *Dispatcher) loop(ctx context.Context, c *consumerRun) {
 			if pe, ok := errors.AsType[*panicError](err); ok {
 				attrs = append(attrs, "stack", string(pe.stack))
 			}
-			d.log.Error("dispatcher pass failed", attrs...)
+			if framework.DatabaseUnreachable(err) {
+				// An outage: the loop retries, as it does registration,
+				// LISTEN and heartbeats, which warn too.
+				d.log.Warn("dispatcher pass failed", attrs...)
+			} else {
+				d.log.Error("dispatcher pass failed", attrs...)
+			}
 		}
 		if err == nil && res.full {
 			continue

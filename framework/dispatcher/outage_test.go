@@ -1,0 +1,93 @@
+package dispatcher_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kumiko-go/kumiko/framework/dispatcher"
+)
+
+// syncBuffer is a bytes.Buffer safe for the dispatcher's goroutines.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.String()
+}
+
+// A pass that fails because the database is out of reach (here every new
+// connection is refused and the open ones were ended, as in a restart) is
+// a warning, like the dispatcher's other outage logs: the loop rides it
+// out and goes on when the database is back. An operator watching for
+// ERROR lines sees none for an outage, and the events are delivered
+// afterwards.
+func TestPassFailingOnAnOutageIsAWarning(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(b *bundle) { recorder(b, "a", nil) })
+	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["application_name"] = "outage-dispatcher"
+	var down atomic.Bool
+	cfg.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
+		if down.Load() {
+			cc.Port = 1 // nothing listens there: connection refused
+		}
+		return nil
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+
+	var logs syncBuffer
+	d, err := dispatcher.New(pool, b.reg, dispatcher.ProjectionConsumers(b.reg, nil), &dispatcher.Config{
+		InstanceID: "outage", PollInterval: 20 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = d.Run(ctx) })
+	defer func() { cancel(); wg.Wait() }()
+	b.write(t, "t1", 0, 1, 1)
+	waitCount(t, b, `SELECT count(*) FROM seen`, 1, 20*time.Second)
+
+	down.Store(true)
+	_, err = b.db.Pool.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE application_name = 'outage-dispatcher'`)
+	require.NoError(t, err)
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(logs.String(), "dispatcher pass failed") {
+		require.True(t, time.Now().Before(deadline), "no pass failed during the outage:\n%s", logs.String())
+		time.Sleep(20 * time.Millisecond)
+	}
+	down.Store(false)
+	b.write(t, "t1", 1, 1, 1)
+	waitCount(t, b, `SELECT count(*) FROM seen`, 2, 20*time.Second)
+
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, "dispatcher pass failed") {
+			require.Contains(t, line, "level=WARN", "an outage's pass failure: %s", line)
+		}
+		require.NotContains(t, line, "level=ERROR", "an outage logged an error")
+	}
+}
