@@ -3,10 +3,9 @@ package framework_test
 import (
 	"context"
 	"fmt"
-	"time"
-
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
