@@ -502,7 +502,8 @@ func Skip(ctx context.Context, pool *pgxpool.Pool, name, instance string) (DeadL
 			err := tx.QueryRow(ctx, skipNextSQL, row.cursor.CommitKey, row.cursor.Position, row.eventTypes, row.partIndex, row.partCount).
 				Scan(&dl.Position, &ck, &dl.EventType, &dl.TenantID)
 			if errors.Is(err, pgx.ErrNoRows) {
-				return &opError{msg: fmt.Sprintf("consumer %s has no failing event and no event after its cursor %s to skip", label(name, row.instance), row.cursor), kind: ErrNothingToSkip}
+				return &opError{msg: fmt.Sprintf("consumer %s has no failing event and no event after its cursor %s to skip "+
+					"(an event whose transaction, or an older one, is still open is not visible yet: try again in a moment)", label(name, row.instance), row.cursor), kind: ErrNothingToSkip}
 			}
 			if err != nil {
 				return err
