@@ -173,6 +173,12 @@ type Config struct {
 	// from KUMIKO_RUN_LOCAL_JOBS (true, false, 1 or 0). Defaults to false.
 	RunLocalJobs bool
 
+	// JobsConcurrency is how many runs each job lane this process consumes
+	// runs at once (jobs.Config.Concurrency), read from JOBS_CONCURRENCY,
+	// between 1 and 1000. Runs inside a transaction are bounded as well,
+	// by DATABASE_POOL_MAX − 2 (jobs.Config.MaxTransactions). Defaults to 10.
+	JobsConcurrency int
+
 	// Dev enables development-only behaviour such as the dev token of the
 	// demo page and the sample nightly report every minute, read from
 	// KUMIKO_DEV (true, false, 1 or 0). Never set it in production. Defaults
@@ -207,6 +213,7 @@ const (
 	defaultDispatcherPollInterval = 100 * time.Millisecond
 	defaultDispatcherBatchSize    = 500
 	defaultDispatcherPasses       = 2
+	defaultJobsConcurrency        = 10
 	defaultDrainTimeout           = 30000 * time.Millisecond
 	defaultIdempotencyTTL         = 24 * time.Hour
 	defaultReplicaWait            = 500 * time.Millisecond
@@ -215,6 +222,7 @@ const (
 	maxDatabasePoolMax     = 1000
 	maxDispatcherBatchSize = 10000
 	maxDispatcherPasses    = 256
+	maxJobsConcurrency     = 1000
 	// maxRedisCommandTimeout bounds the command timeout: go-redis waits for
 	// a pooled connection for it plus 1 s, which must not overflow.
 	maxRedisCommandTimeout = 24 * time.Hour
@@ -292,6 +300,7 @@ func fromLookup(lookup func(string) (string, bool), requireDatabase bool) (*Conf
 	c.IdempotencyTTL = l.idempotencyTTL("KUMIKO_IDEMPOTENCY_TTL")
 	c.ReplicaWait = l.millis("KUMIKO_REPLICA_WAIT_MS", defaultReplicaWait, false, 0)
 	c.RunLocalJobs = l.boolean("KUMIKO_RUN_LOCAL_JOBS")
+	c.JobsConcurrency = l.intRange("JOBS_CONCURRENCY", defaultJobsConcurrency, 1, maxJobsConcurrency)
 	c.Dev = l.boolean("KUMIKO_DEV")
 	c.SampleCron = l.cronSpec("KUMIKO_SAMPLE_CRON")
 	c.LogLevel = l.logLevel("LOG_LEVEL")

@@ -81,10 +81,12 @@ func (a *App) setupJobs(consumers []dispatcher.Consumer) ([]dispatcher.Consumer,
 	// run, which must not starve idempotency and cache lookups.
 	rdb := redis.NewClient(ro)
 	a.onShutdown(func(context.Context) error { return rdb.Close() })
-	// A run's transaction holds a connection of the pool this process's
-	// dispatcher, requests and health checks use too: the runs of the
-	// lanes (10 at once each) may hold all but two of them.
-	cfg := &jobs.Config{Logger: a.log, Metrics: a.metrics,
+	// A lane runs JOBS_CONCURRENCY runs at once (0, a Config built in
+	// code, is the runner's default). A run's transaction holds a
+	// connection of the pool this process's dispatcher, requests and
+	// health checks use too: the runs of the lanes may hold all but two of
+	// them, however many run at once.
+	cfg := &jobs.Config{Logger: a.log, Metrics: a.metrics, Concurrency: a.cfg.JobsConcurrency,
 		MaxTransactions: max(1, int(a.cfg.DatabasePoolMax)-reservedConnections)}
 	switch a.mode {
 	case config.ModeAPI:
