@@ -174,7 +174,7 @@ type Config struct {
 	RunLocalJobs bool
 
 	// JobsConcurrency is how many runs each job lane this process consumes
-	// runs at once (jobs.Config.Concurrency), read from JOBS_CONCURRENCY,
+	// runs at once (jobs.Config.Concurrency), read from KUMIKO_JOBS_CONCURRENCY,
 	// between 1 and 1000. Runs inside a transaction are bounded as well,
 	// by DATABASE_POOL_MAX − 2 (jobs.Config.MaxTransactions). Defaults to 10.
 	JobsConcurrency int
@@ -300,7 +300,7 @@ func fromLookup(lookup func(string) (string, bool), requireDatabase bool) (*Conf
 	c.IdempotencyTTL = l.idempotencyTTL("KUMIKO_IDEMPOTENCY_TTL")
 	c.ReplicaWait = l.millis("KUMIKO_REPLICA_WAIT_MS", defaultReplicaWait, false, 0)
 	c.RunLocalJobs = l.boolean("KUMIKO_RUN_LOCAL_JOBS")
-	c.JobsConcurrency = l.intRange("JOBS_CONCURRENCY", defaultJobsConcurrency, 1, maxJobsConcurrency)
+	c.JobsConcurrency = l.intRange("KUMIKO_JOBS_CONCURRENCY", defaultJobsConcurrency, 1, maxJobsConcurrency)
 	c.Dev = l.boolean("KUMIKO_DEV")
 	c.SampleCron = l.cronSpec("KUMIKO_SAMPLE_CRON")
 	c.LogLevel = l.logLevel("LOG_LEVEL")

@@ -133,7 +133,7 @@ var allVariables = []string{
 	"REDIS_MAX_RETRIES_PER_REQUEST", "KUMIKO_INSTANCE_ID", "JWT_SECRET",
 	"KUMIKO_DISPATCHER_POLL_INTERVAL_MS", "KUMIKO_DISPATCHER_BATCH_SIZE", "KUMIKO_DISPATCHER_MAX_CONCURRENT_PASSES",
 	"KUMIKO_DISPATCHER_POLL_ONLY", "KUMIKO_DRAIN_TIMEOUT_MS",
-	"KUMIKO_RUN_LOCAL_JOBS", "JOBS_CONCURRENCY", "KUMIKO_DEV", "KUMIKO_SAMPLE_CRON", "LOG_LEVEL",
+	"KUMIKO_RUN_LOCAL_JOBS", "KUMIKO_JOBS_CONCURRENCY", "KUMIKO_DEV", "KUMIKO_SAMPLE_CRON", "LOG_LEVEL",
 	"KUMIKO_IDEMPOTENCY_TTL", "KUMIKO_REPLICA_WAIT_MS",
 }
 
@@ -163,7 +163,7 @@ func TestEveryVariableParsed(t *testing.T) {
 		"KUMIKO_DISPATCHER_POLL_ONLY":             "true",
 		"KUMIKO_DRAIN_TIMEOUT_MS":                 "45000",
 		"KUMIKO_RUN_LOCAL_JOBS":                   "1",
-		"JOBS_CONCURRENCY":                        "25",
+		"KUMIKO_JOBS_CONCURRENCY":                 "25",
 		"KUMIKO_DEV":                              "TRUE",
 		"KUMIKO_SAMPLE_CRON":                      "@every 2s",
 		"LOG_LEVEL":                               "Debug",
@@ -231,9 +231,9 @@ func TestValues(t *testing.T) {
 		{"KUMIKO_IDEMPOTENCY_TTL", "30s", func(t *testing.T, c *Config) { require.Equal(t, 30*time.Second, c.IdempotencyTTL) }},
 		{"KUMIKO_DISPATCHER_BATCH_SIZE", "1", func(t *testing.T, c *Config) { require.Equal(t, 1, c.DispatcherBatchSize) }},
 		{"KUMIKO_DISPATCHER_POLL_ONLY", "0", func(t *testing.T, c *Config) { require.False(t, c.DispatcherPollOnly) }},
-		{"JOBS_CONCURRENCY", "1", func(t *testing.T, c *Config) { require.Equal(t, 1, c.JobsConcurrency) }},
-		{"JOBS_CONCURRENCY", "2", func(t *testing.T, c *Config) { require.Equal(t, 2, c.JobsConcurrency) }},
-		{"JOBS_CONCURRENCY", "1000", func(t *testing.T, c *Config) { require.Equal(t, 1000, c.JobsConcurrency) }},
+		{"KUMIKO_JOBS_CONCURRENCY", "1", func(t *testing.T, c *Config) { require.Equal(t, 1, c.JobsConcurrency) }},
+		{"KUMIKO_JOBS_CONCURRENCY", "2", func(t *testing.T, c *Config) { require.Equal(t, 2, c.JobsConcurrency) }},
+		{"KUMIKO_JOBS_CONCURRENCY", "1000", func(t *testing.T, c *Config) { require.Equal(t, 1000, c.JobsConcurrency) }},
 		{"KUMIKO_DEV", "false", func(t *testing.T, c *Config) { require.False(t, c.Dev) }},
 		{"KUMIKO_SAMPLE_CRON", "CRON_TZ=Europe/Berlin 30 2 * * *", func(t *testing.T, c *Config) {
 			require.Equal(t, "CRON_TZ=Europe/Berlin 30 2 * * *", c.SampleCron)
@@ -314,11 +314,11 @@ func TestBadValues(t *testing.T) {
 		{"KUMIKO_RUN_LOCAL_JOBS", "on", `KUMIKO_RUN_LOCAL_JOBS: must be true, false, 1 or 0, got "on"`},
 		// A lane's runs at once: 0 would silently be the runner's default,
 		// and asynq takes a negative number as one run per CPU.
-		{"JOBS_CONCURRENCY", "0", `JOBS_CONCURRENCY: must be an integer between 1 and 1000, got "0"`},
-		{"JOBS_CONCURRENCY", "-1", `JOBS_CONCURRENCY: must be an integer between 1 and 1000, got "-1"`},
-		{"JOBS_CONCURRENCY", "1001", `JOBS_CONCURRENCY: must be an integer between 1 and 1000, got "1001"`},
-		{"JOBS_CONCURRENCY", "abc", `JOBS_CONCURRENCY: must be a positive integer, got "abc"`},
-		{"JOBS_CONCURRENCY", "2.5", `JOBS_CONCURRENCY: must be a positive integer, got "2.5"`},
+		{"KUMIKO_JOBS_CONCURRENCY", "0", `KUMIKO_JOBS_CONCURRENCY: must be an integer between 1 and 1000, got "0"`},
+		{"KUMIKO_JOBS_CONCURRENCY", "-1", `KUMIKO_JOBS_CONCURRENCY: must be an integer between 1 and 1000, got "-1"`},
+		{"KUMIKO_JOBS_CONCURRENCY", "1001", `KUMIKO_JOBS_CONCURRENCY: must be an integer between 1 and 1000, got "1001"`},
+		{"KUMIKO_JOBS_CONCURRENCY", "abc", `KUMIKO_JOBS_CONCURRENCY: must be a positive integer, got "abc"`},
+		{"KUMIKO_JOBS_CONCURRENCY", "2.5", `KUMIKO_JOBS_CONCURRENCY: must be a positive integer, got "2.5"`},
 		{"KUMIKO_DEV", "2", `KUMIKO_DEV: must be true, false, 1 or 0, got "2"`},
 		// A bad spec used to surface only as a registration problem of the
 		// sample feature, after the configuration had been accepted.
@@ -363,7 +363,7 @@ func TestEveryProblemReportedAtOnce(t *testing.T) {
 		"KUMIKO_DISPATCHER_POLL_ONLY":             "maybe",
 		"KUMIKO_DRAIN_TIMEOUT_MS":                 "1.5",
 		"KUMIKO_RUN_LOCAL_JOBS":                   "yes",
-		"JOBS_CONCURRENCY":                        "lots",
+		"KUMIKO_JOBS_CONCURRENCY":                 "lots",
 		"KUMIKO_DEV":                              "no",
 		"KUMIKO_SAMPLE_CRON":                      "nightly",
 		"LOG_LEVEL":                               "trace",

@@ -51,23 +51,23 @@ func (h *holdJob) register(r *framework.Registry) {
 
 func (h *holdJob) releaseAll() { h.once.Do(func() { close(h.release) }) }
 
-// TestJobsConcurrencyFromTheEnvironment: JOBS_CONCURRENCY sizes a worker's
+// TestJobsConcurrencyFromTheEnvironment: KUMIKO_JOBS_CONCURRENCY sizes a worker's
 // lane: with more runs waiting than it admits, exactly that many run at
 // once, and "job lane started" logs it; unset, a lane runs ten at once as
 // before. The variable was not read at all: every lane ran ten.
 func TestJobsConcurrencyFromTheEnvironment(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
-		env  string // "" leaves JOBS_CONCURRENCY unset
+		env  string // "" leaves KUMIKO_JOBS_CONCURRENCY unset
 		want int
 	}{{"2", 2}, {"5", 5}, {"", 10}} {
-		t.Run("JOBS_CONCURRENCY="+cmp.Or(tc.env, "unset"), func(t *testing.T) {
+		t.Run("KUMIKO_JOBS_CONCURRENCY="+cmp.Or(tc.env, "unset"), func(t *testing.T) {
 			t.Parallel()
 			db := kumikotest.NewDB(t)
 			rds := jobstest.StartRedis(t)
 			env := map[string]string{"APP_MODE": "worker", "DATABASE_URL": db.URL, "REDIS_URL": rds.URL}
 			if tc.env != "" {
-				env["JOBS_CONCURRENCY"] = tc.env
+				env["KUMIKO_JOBS_CONCURRENCY"] = tc.env
 			}
 			h := &holdJob{release: make(chan struct{})}
 			var logs proctest.Buffer
@@ -107,7 +107,7 @@ func TestJobsConcurrencyFromTheEnvironment(t *testing.T) {
 	}
 }
 
-// TestServeTakesJobsConcurrency: `kumiko serve` refuses a JOBS_CONCURRENCY
+// TestServeTakesJobsConcurrency: `kumiko serve` refuses a KUMIKO_JOBS_CONCURRENCY
 // outside 1..1000 at boot, naming the variable and the value, and a worker
 // started with a valid one logs it on its lane.
 func TestServeTakesJobsConcurrency(t *testing.T) {
@@ -115,12 +115,12 @@ func TestServeTakesJobsConcurrency(t *testing.T) {
 	for _, v := range []string{"0", "-1", "abc", "1001"} {
 		t.Run("refused "+v, func(t *testing.T) {
 			t.Parallel()
-			p := start(t, "JOBS_CONCURRENCY="+v, procEnv("worker", "postgres://postgres@127.0.0.1:5432/none?sslmode=disable",
-				"redis://127.0.0.1:6379/0", "jobconc-bad", "JOBS_CONCURRENCY", v))
+			p := start(t, "KUMIKO_JOBS_CONCURRENCY="+v, procEnv("worker", "postgres://postgres@127.0.0.1:5432/none?sslmode=disable",
+				"redis://127.0.0.1:6379/0", "jobconc-bad", "KUMIKO_JOBS_CONCURRENCY", v))
 			require.Equal(t, 1, p.waitExit(t, wait))
-			want := `JOBS_CONCURRENCY: must be an integer between 1 and 1000, got "` + v + `"`
+			want := `KUMIKO_JOBS_CONCURRENCY: must be an integer between 1 and 1000, got "` + v + `"`
 			if v == "abc" {
-				want = `JOBS_CONCURRENCY: must be a positive integer, got "abc"`
+				want = `KUMIKO_JOBS_CONCURRENCY: must be a positive integer, got "abc"`
 			}
 			require.Contains(t, p.logs.String(), want)
 		})
@@ -129,7 +129,7 @@ func TestServeTakesJobsConcurrency(t *testing.T) {
 		t.Parallel()
 		db := kumikotest.NewDB(t)
 		rds := jobstest.StartRedis(t)
-		p := start(t, "worker", procEnv("worker", db.URL, rds.URL, "jobconc-worker", "JOBS_CONCURRENCY", "3"))
+		p := start(t, "worker", procEnv("worker", db.URL, rds.URL, "jobconc-worker", "KUMIKO_JOBS_CONCURRENCY", "3"))
 		p.waitReady(t)
 		require.Eventually(t, func() bool { return strings.Contains(p.logs.String(), `"msg":"job lane started"`) }, wait, 10*time.Millisecond)
 		for line := range strings.Lines(p.logs.String()) {

@@ -81,7 +81,7 @@ func (a *App) setupJobs(consumers []dispatcher.Consumer) ([]dispatcher.Consumer,
 	// run, which must not starve idempotency and cache lookups.
 	rdb := redis.NewClient(ro)
 	a.onShutdown(func(context.Context) error { return rdb.Close() })
-	// A lane runs JOBS_CONCURRENCY runs at once (0, a Config built in
+	// A lane runs KUMIKO_JOBS_CONCURRENCY runs at once (0, a Config built in
 	// code, is the runner's default). A run's transaction holds a
 	// connection of the pool this process's dispatcher, requests and
 	// health checks use too: the runs of the lanes may hold all but two of

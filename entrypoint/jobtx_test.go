@@ -17,7 +17,7 @@ import (
 )
 
 // TestJobRunsLeaveConnectionsToTheProcess: the job lanes of a process run
-// JOBS_CONCURRENCY (ten) at once each, and a run's transaction holds a connection of the pool
+// KUMIKO_JOBS_CONCURRENCY (ten) at once each, and a run's transaction holds a connection of the pool
 // the dispatcher, requests and health checks use too; so job runs may hold
 // all but two of DATABASE_POOL_MAX at once (jobs.Config.MaxTransactions),
 // in every mode that runs lanes.
