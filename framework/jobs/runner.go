@@ -36,7 +36,8 @@ type Config struct {
 	// QueuePrefix prefixes the lanes' queue names. Processes of one
 	// application must agree on it. Defaults to [DefaultQueuePrefix].
 	QueuePrefix string
-	// Concurrency is the number of runs at once per lane. Defaults to 10.
+	// Concurrency is the number of runs at once per lane (not negative).
+	// Defaults to 10.
 	Concurrency int
 	// MaxTransactions bounds how many of this runner's runs may be inside
 	// [Context.InTx] at once: a run's transaction holds a connection of
@@ -110,6 +111,9 @@ func New(rt *framework.Runtime, rdb redis.UniversalClient, cfg *Config) (*Runner
 		if l != framework.RunInAPI && l != framework.RunInWorker {
 			return nil, fmt.Errorf("jobs: lane %q is not api or worker", l)
 		}
+	}
+	if c.Concurrency < 0 || c.MaxTransactions < 0 {
+		return nil, fmt.Errorf("jobs: Concurrency (%d) and MaxTransactions (%d) must not be negative", c.Concurrency, c.MaxTransactions)
 	}
 	c.Lanes = slices.Compact(slices.Sorted(slices.Values(c.Lanes)))
 	c.QueuePrefix = cmp.Or(c.QueuePrefix, DefaultQueuePrefix)

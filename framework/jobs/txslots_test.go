@@ -49,3 +49,16 @@ func TestMaxTransactionsBoundsRunsInATransaction(t *testing.T) {
 	require.EqualValues(t, 2, most.Load(), "runs inside InTx at once")
 	require.Greater(t, mostActive.Load(), int32(2), "runs at once in the lane: the others waited for a slot")
 }
+
+// A negative bound set in code is refused, not passed on: asynq reads a
+// concurrency below 1 as one run per CPU, and a negative MaxTransactions
+// would silently mean no bound.
+func TestNegativeBoundsAreRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	for _, cfg := range []*jobs.Config{{Concurrency: -1}, {MaxTransactions: -2}} {
+		_, err := jobs.New(b.rt, b.rdb, cfg)
+		require.Error(t, err)
+		require.Contains(t, err.Error(), "must not be negative")
+	}
+}
