@@ -450,3 +450,22 @@ func TestAdminPageIsServedWithoutToken(t *testing.T) {
 		}
 	}
 }
+
+// TestAdminRefusesAMalformedQuery: a query string that does not decode
+// (a bad %-escape, a semicolon) is 400 bad_request, not read as if the
+// parameter were absent: ?instance=%zz must not make a verb act on the
+// shared row.
+func TestAdminRefusesAMalformedQuery(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tok := b.token(t, "admin")
+	before := decode[consumerJSON](t, b.do(t, http.MethodGet, "/api/admin/consumers/adm:healthy", tok, ""))
+	for _, q := range []string{"instance=%zz", "instance=pod-1%", "instance=pod-1;x=1"} {
+		e := b.do(t, http.MethodPost, "/api/admin/consumers/adm:healthy/rewind?"+q, tok, `{"toPosition": 0}`)
+		requireError(t, e, http.StatusBadRequest, "bad_request")
+		require.Contains(t, e.Error.Message, "query", q)
+		requireError(t, b.do(t, http.MethodGet, "/api/admin/consumers/adm:healthy?"+q, tok, ""), http.StatusBadRequest, "bad_request")
+	}
+	after := decode[consumerJSON](t, b.do(t, http.MethodGet, "/api/admin/consumers/adm:healthy", tok, ""))
+	require.Equal(t, before.Cursor, after.Cursor, "the shared row was not rewound")
+}

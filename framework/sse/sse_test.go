@@ -159,6 +159,13 @@ func TestFilters(t *testing.T) {
 		require.Equal(t, http.StatusBadRequest, code, q)
 		require.Contains(t, body, `"code":"validation_error"`, q)
 	}
+	// A filter that does not decode is refused, not dropped (which
+	// would stream every type).
+	for _, q := range []string{"types=%zz", "streamTypes=memo;x", "lastEventId=%"} {
+		code, body := b.status(t, request{tenant: "acme", query: q})
+		require.Equal(t, http.StatusBadRequest, code, q)
+		require.Contains(t, body, `"code":"bad_request"`, q)
+	}
 	time.Sleep(100 * time.Millisecond)
 	require.Len(t, orders.snapshot(), 1)
 	require.Len(t, both.snapshot(), 1)

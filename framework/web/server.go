@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"runtime/debug"
 	"time"
 
@@ -84,8 +85,9 @@ type Server struct {
 // New returns a server that runs commands on rt and verifies tokens with
 // keys. It registers POST /api/write, /api/batch and /api/query, all behind
 // [Server.Authenticate], and installs the request-id, panic-recovery and
-// error-envelope handling for every route, including routes added later
-// through [Server.Echo]. It panics when rt or keys is nil.
+// error-envelope handling, and the refusal of a query string that does not
+// decode, for every route, including routes added later through
+// [Server.Echo]. It panics when rt or keys is nil.
 func New(rt *framework.Runtime, keys *auth.Keyring, cfg *Config) *Server {
 	if rt == nil {
 		panic("kumiko: web.New: nil runtime")
@@ -121,6 +123,7 @@ func New(rt *framework.Runtime, keys *auth.Keyring, cfg *Config) *Server {
 		}
 	}
 	e.Pre(s.begin)
+	e.Use(rejectMalformedQuery)
 	// Route-level middleware, not a Group's: a group with middleware adds a
 	// catch-all route, which turns 405s into 404s and asks unknown paths
 	// for a token.
@@ -214,6 +217,21 @@ func (s *Server) begin(next echo.HandlerFunc) echo.HandlerFunc {
 				slog.String("correlation_id", corr),
 			)
 		}()
+		return next(c)
+	}
+}
+
+// rejectMalformedQuery answers 400 bad_request for a query string that
+// does not decode (a bad %-escape, a semicolon): echo's QueryParam would
+// drop the pair silently, so ?instance=%zz would read as no instance and
+// an admin verb would act on the shared row.
+func rejectMalformedQuery(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		if raw := c.Request().URL.RawQuery; raw != "" {
+			if _, err := url.ParseQuery(raw); err != nil {
+				return badRequest("malformed query string: "+err.Error(), err)
+			}
+		}
 		return next(c)
 	}
 }

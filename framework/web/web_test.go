@@ -449,6 +449,11 @@ func TestRejected(t *testing.T) {
 		{"wrong method", request{method: http.MethodGet, path: "/api/write", token: tok}, 405, "method_not_allowed",
 			[]check{header("Allow", http.MethodPost)}},
 		{"wrong method without token", request{method: http.MethodPut, path: "/api/batch", body: `{}`}, 405, "method_not_allowed", nil},
+		// Dropped silently, the pair would read as absent.
+		{"malformed query escape", request{path: "/api/query?x=%zz", token: tok, body: map[string]any{"type": "orders:query:list"}},
+			400, "bad_request", []check{message(`malformed query string: invalid URL escape "%zz"`)}},
+		{"semicolon in query", request{path: "/api/write?a=1;b=2", token: tok, body: placeBody(map[string]any{"customer": "A"})},
+			400, "bad_request", []check{message("malformed query string")}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
