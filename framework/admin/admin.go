@@ -39,7 +39,8 @@ var pageFS embed.FS
 //   - POST /api/admin/consumers/:name/restart|skip|disable|enable|rewind: the
 //     ops verbs of package dispatcher. The instance id comes from
 //     ?instance=ID or the body's "instance" field (default: the shared
-//     row); rewind's body names {"toPosition": N} or {"toTime": RFC 3339}.
+//     row); rewind's body names {"toPosition": N} or {"toTime": RFC 3339},
+//     which the other verbs refuse.
 //   - DELETE /api/admin/instances/:instance: removes a silent instance's
 //     per-instance rows at once.
 //
@@ -59,19 +60,19 @@ func Mount(e *echo.Echo, authenticate echo.MiddlewareFunc, pool *pgxpool.Pool) {
 	mw := []echo.MiddlewareFunc{authenticate, requireAdmin}
 	e.GET("/api/admin/consumers", h.list, mw...)
 	e.GET("/api/admin/consumers/:name", h.status, mw...)
-	e.POST("/api/admin/consumers/:name/restart", h.verb(func(c echo.Context, name, instance string, _ *opsBody) (map[string]any, error) {
+	e.POST("/api/admin/consumers/:name/restart", h.verb(noTarget("restart", func(c echo.Context, name, instance string, _ *opsBody) (map[string]any, error) {
 		return nil, dispatcher.Restart(c.Request().Context(), pool, name, instance)
-	}), mw...)
-	e.POST("/api/admin/consumers/:name/skip", h.verb(func(c echo.Context, name, instance string, _ *opsBody) (map[string]any, error) {
+	})), mw...)
+	e.POST("/api/admin/consumers/:name/skip", h.verb(noTarget("skip", func(c echo.Context, name, instance string, _ *opsBody) (map[string]any, error) {
 		dl, err := dispatcher.Skip(c.Request().Context(), pool, name, instance)
 		return map[string]any{"skipped": dl}, err
-	}), mw...)
-	e.POST("/api/admin/consumers/:name/disable", h.verb(func(c echo.Context, name, instance string, _ *opsBody) (map[string]any, error) {
+	})), mw...)
+	e.POST("/api/admin/consumers/:name/disable", h.verb(noTarget("disable", func(c echo.Context, name, instance string, _ *opsBody) (map[string]any, error) {
 		return nil, dispatcher.Disable(c.Request().Context(), pool, name, instance)
-	}), mw...)
-	e.POST("/api/admin/consumers/:name/enable", h.verb(func(c echo.Context, name, instance string, _ *opsBody) (map[string]any, error) {
+	})), mw...)
+	e.POST("/api/admin/consumers/:name/enable", h.verb(noTarget("enable", func(c echo.Context, name, instance string, _ *opsBody) (map[string]any, error) {
 		return nil, dispatcher.Enable(c.Request().Context(), pool, name, instance)
-	}), mw...)
+	})), mw...)
 	e.POST("/api/admin/consumers/:name/rewind", h.verb(h.rewind), mw...)
 	e.DELETE("/api/admin/instances/:instance", h.removeInstance, mw...)
 	e.GET("/admin", servePage("page.html", "text/html; charset=utf-8"))
@@ -123,9 +124,28 @@ func (h *handlers) status(c echo.Context) error {
 	return writeData(c, st)
 }
 
+// verbFunc runs an ops verb on a consumer's row and returns what its
+// answer adds beside the consumer's status.
+type verbFunc func(c echo.Context, name, instance string, body *opsBody) (map[string]any, error)
+
+// noTarget refuses a rewind target (toPosition, toTime) in the body of a
+// verb that heeds none: skip {"toPosition": N} must not skip the failing
+// event as if it moved to N.
+func noTarget(verb string, fn verbFunc) verbFunc {
+	return func(c echo.Context, name, instance string, body *opsBody) (map[string]any, error) {
+		switch {
+		case body.ToPosition != nil:
+			return nil, invalid("toPosition", "excluded", verb+" takes no toPosition: only rewind moves the cursor")
+		case body.ToTime != nil:
+			return nil, invalid("toTime", "excluded", verb+" takes no toTime: only rewind moves the cursor")
+		}
+		return fn(c, name, instance, body)
+	}
+}
+
 // verb wraps an ops verb: it reads the name, the body and the instance,
 // runs fn, and answers {"data": {"consumer": <status after>, ...extra}}.
-func (h *handlers) verb(fn func(c echo.Context, name, instance string, body *opsBody) (map[string]any, error)) echo.HandlerFunc {
+func (h *handlers) verb(fn verbFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		name, err := pathParam(c, "name")
 		if err != nil {

@@ -469,3 +469,25 @@ func TestAdminRefusesAMalformedQuery(t *testing.T) {
 	after := decode[consumerJSON](t, b.do(t, http.MethodGet, "/api/admin/consumers/adm:healthy", tok, ""))
 	require.Equal(t, before.Cursor, after.Cursor, "the shared row was not rewound")
 }
+
+// TestAdminVerbsRefuseARewindTarget: only rewind takes toPosition or
+// toTime. Heeded by no other verb, such a field must not pass unnoticed:
+// skip {"toPosition": N} would skip the failing event, not move to N.
+func TestAdminVerbsRefuseARewindTarget(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tok := b.token(t, "admin")
+	before := decode[consumerJSON](t, b.do(t, http.MethodGet, "/api/admin/consumers/adm:broken", tok, ""))
+	require.Equal(t, "dead", before.Status)
+	for _, verb := range []string{"restart", "skip", "disable", "enable"} {
+		for field, body := range map[string]string{"toPosition": `{"toPosition": 1}`, "toTime": `{"toTime": "2000-01-01T00:00:00Z"}`} {
+			e := b.do(t, http.MethodPost, "/api/admin/consumers/adm:broken/"+verb, tok, body)
+			requireError(t, e, http.StatusBadRequest, "validation_error")
+			require.Contains(t, e.Error.Message, field, verb)
+		}
+	}
+	after := decode[consumerJSON](t, b.do(t, http.MethodGet, "/api/admin/consumers/adm:broken", tok, ""))
+	require.Equal(t, before.Status, after.Status)
+	require.Equal(t, before.Cursor, after.Cursor)
+	require.Equal(t, before.FailedPosition, after.FailedPosition)
+}
