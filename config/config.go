@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/kumiko-go/kumiko/framework/jobs"
+	"github.com/kumiko-go/kumiko/internal/pgliveness"
 )
 
 // Mode selects which parts of Kumiko a process runs. It is read from APP_MODE.
@@ -321,8 +322,10 @@ func fromLookup(lookup func(string) (string, bool), requireDatabase bool) (*Conf
 // PoolConfig returns a fresh pool configuration for DatabaseURL with
 // DatabasePoolMax, DatabasePoolIdleTimeout and DatabasePoolConnectTimeout
 // applied; they override pool_max_conns, pool_max_conn_idle_time and
-// connect_timeout in the URL. It fails only when DatabaseURL does not parse,
-// which [FromLookup] has already ruled out.
+// connect_timeout in the URL. Its ShouldPing also pings a connection that
+// the server ended while it sat idle (see internal/pgliveness), so that the
+// pool drops it instead of handing it out. It fails only when DatabaseURL
+// does not parse, which [FromLookup] has already ruled out.
 func (c *Config) PoolConfig() (*pgxpool.Config, error) {
 	if c.DatabaseURL == "" {
 		return nil, &VarError{Name: "DATABASE_URL", Err: errors.New("required")}
@@ -347,6 +350,9 @@ func (c *Config) poolConfig(name, connString string) (*pgxpool.Config, error) {
 	pc.MaxConns = c.DatabasePoolMax
 	pc.MaxConnIdleTime = c.DatabasePoolIdleTimeout
 	pc.ConnConfig.ConnectTimeout = c.DatabasePoolConnectTimeout
+	// A connection the server ended while it sat idle is pinged (and so
+	// dropped) before it is handed out, not only one idle for a second.
+	pc.ShouldPing = pgliveness.ShouldPing
 	return pc, nil
 }
 
