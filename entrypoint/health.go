@@ -43,12 +43,17 @@ type Readiness struct {
 	Checks []Check `json:"checks"`
 }
 
+// probeMethods are the methods the health and metrics routes answer:
+// uptime monitors and load balancers often probe with HEAD, which gets
+// GET's status and headers without the body.
+var probeMethods = []string{http.MethodGet, http.MethodHead}
+
 // mountHealth adds /health/live, /health/ready and /metrics.
 func (a *App) mountHealth(e *echo.Echo) {
-	e.GET("/health/live", func(c echo.Context) error {
+	e.Match(probeMethods, "/health/live", func(c echo.Context) error {
 		return c.JSON(http.StatusOK, map[string]any{"status": "ok", "state": a.State()})
 	})
-	e.GET("/health/ready", func(c echo.Context) error {
+	e.Match(probeMethods, "/health/ready", func(c echo.Context) error {
 		r := a.Ready(c.Request().Context())
 		code := http.StatusOK
 		if r.Status != "ok" {
@@ -56,7 +61,7 @@ func (a *App) mountHealth(e *echo.Echo) {
 		}
 		return c.JSON(code, r)
 	})
-	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(a.metrics, promhttp.HandlerOpts{})))
+	e.Match(probeMethods, "/metrics", echo.WrapHandler(promhttp.HandlerFor(a.metrics, promhttp.HandlerOpts{})))
 }
 
 // Ready runs the readiness checks concurrently, each bounded, so the answer

@@ -215,6 +215,15 @@ func TestModes(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, http.StatusOK, code)
 			metrics := string(body)
+			// Uptime monitors and load balancers often probe with HEAD.
+			for _, path := range []string{"/health/live", "/health/ready", "/metrics"} {
+				req, err := http.NewRequestWithContext(ctx, http.MethodHead, p.url+path, nil)
+				require.NoError(t, err)
+				resp, err := httpClient.Do(req)
+				require.NoError(t, err)
+				resp.Body.Close()
+				require.Equal(t, http.StatusOK, resp.StatusCode, "HEAD %s", path)
+			}
 			has := func(line string) {
 				t.Helper()
 				require.True(t, strings.Contains(metrics, line), "/metrics lacks %s", line)
