@@ -28,16 +28,28 @@ const idlePing = time.Second
 // ShouldPing is a [pgxpool.Config].ShouldPing: it pings a connection idle
 // for more than a second, as pgxpool does by default, and one that the
 // server has written to or closed while it was idle (see [Spoke]).
-func ShouldPing(_ context.Context, p pgxpool.ShouldPingParams) bool {
+func ShouldPing(ctx context.Context, p pgxpool.ShouldPingParams) bool {
 	if p.IdleDuration > idlePing {
 		return true
 	}
-	return p.Conn != nil && Spoke(p.Conn.PgConn().Conn())
+	if p.Conn == nil {
+		return false
+	}
+	// pgx may read the socket in the background during a slow write; the
+	// socket is looked at directly only once that reader has stopped and
+	// nothing is left in pgx's buffer (SyncConn pings otherwise: a failed
+	// ping is a dead connection, which the pool's ping will find too).
+	if err := p.Conn.PgConn().SyncConn(ctx); err != nil {
+		return true
+	}
+	return Spoke(p.Conn.PgConn().Conn())
 }
 
 // Spoke reports whether an idle connection has bytes to read or has
 // reached its end of stream: the peer wrote or closed while nobody asked.
-// It never blocks and reads nothing. It reports false where it cannot look
+// It reads nothing and does not wait for data; c must not be read by
+// anyone else meanwhile (for a pgx connection, see PgConn.SyncConn), whose
+// read it would wait for. It reports false where it cannot look
 // (a connection without a file descriptor, a platform without MSG_PEEK).
 func Spoke(c net.Conn) bool {
 	return peek(c)
