@@ -180,6 +180,12 @@ type Config struct {
 	// by DATABASE_POOL_MAX − 2 (jobs.Config.MaxTransactions). Defaults to 10.
 	JobsConcurrency int
 
+	// ReadyMaxLag, when positive, makes /health/ready fail while a consumer
+	// of this process has more than this many events after its cursor
+	// (entrypoint.Options.ReadyMaxLag), read from KUMIKO_READY_MAX_LAG,
+	// between 0 and 1000000000. Defaults to 0: lag is not checked.
+	ReadyMaxLag int64
+
 	// Dev enables development-only behaviour such as the dev token of the
 	// demo page and the sample nightly report every minute, read from
 	// KUMIKO_DEV (true, false, 1 or 0). Never set it in production. Defaults
@@ -224,6 +230,7 @@ const (
 	maxDispatcherBatchSize = 10000
 	maxDispatcherPasses    = 256
 	maxJobsConcurrency     = 1000
+	maxReadyMaxLag         = 1_000_000_000
 	// maxRedisCommandTimeout bounds the command timeout: go-redis waits for
 	// a pooled connection for it plus 1 s, which must not overflow.
 	maxRedisCommandTimeout = 24 * time.Hour
@@ -302,6 +309,7 @@ func fromLookup(lookup func(string) (string, bool), requireDatabase bool) (*Conf
 	c.ReplicaWait = l.millis("KUMIKO_REPLICA_WAIT_MS", defaultReplicaWait, false, 0)
 	c.RunLocalJobs = l.boolean("KUMIKO_RUN_LOCAL_JOBS")
 	c.JobsConcurrency = l.intRange("KUMIKO_JOBS_CONCURRENCY", defaultJobsConcurrency, 1, maxJobsConcurrency)
+	c.ReadyMaxLag = int64(l.intRange("KUMIKO_READY_MAX_LAG", 0, 0, maxReadyMaxLag))
 	c.Dev = l.boolean("KUMIKO_DEV")
 	c.SampleCron = l.cronSpec("KUMIKO_SAMPLE_CRON")
 	c.LogLevel = l.logLevel("LOG_LEVEL")

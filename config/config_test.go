@@ -95,6 +95,7 @@ func TestDefaults(t *testing.T) {
 		ReplicaWait:                   500 * time.Millisecond,
 		RunLocalJobs:                  false,
 		JobsConcurrency:               10,
+		ReadyMaxLag:                   0,
 		Dev:                           false,
 		SampleCron:                    "",
 		LogLevel:                      slog.LevelInfo,
@@ -133,7 +134,7 @@ var allVariables = []string{
 	"REDIS_MAX_RETRIES_PER_REQUEST", "KUMIKO_INSTANCE_ID", "JWT_SECRET",
 	"KUMIKO_DISPATCHER_POLL_INTERVAL_MS", "KUMIKO_DISPATCHER_BATCH_SIZE", "KUMIKO_DISPATCHER_MAX_CONCURRENT_PASSES",
 	"KUMIKO_DISPATCHER_POLL_ONLY", "KUMIKO_DRAIN_TIMEOUT_MS",
-	"KUMIKO_RUN_LOCAL_JOBS", "KUMIKO_JOBS_CONCURRENCY", "KUMIKO_DEV", "KUMIKO_SAMPLE_CRON", "LOG_LEVEL",
+	"KUMIKO_RUN_LOCAL_JOBS", "KUMIKO_JOBS_CONCURRENCY", "KUMIKO_READY_MAX_LAG", "KUMIKO_DEV", "KUMIKO_SAMPLE_CRON", "LOG_LEVEL",
 	"KUMIKO_IDEMPOTENCY_TTL", "KUMIKO_REPLICA_WAIT_MS",
 }
 
@@ -164,6 +165,7 @@ func TestEveryVariableParsed(t *testing.T) {
 		"KUMIKO_DRAIN_TIMEOUT_MS":                 "45000",
 		"KUMIKO_RUN_LOCAL_JOBS":                   "1",
 		"KUMIKO_JOBS_CONCURRENCY":                 "25",
+		"KUMIKO_READY_MAX_LAG":                    "500",
 		"KUMIKO_DEV":                              "TRUE",
 		"KUMIKO_SAMPLE_CRON":                      "@every 2s",
 		"LOG_LEVEL":                               "Debug",
@@ -203,6 +205,7 @@ func TestEveryVariableParsed(t *testing.T) {
 		ReplicaWait:                   150 * time.Millisecond,
 		RunLocalJobs:                  true,
 		JobsConcurrency:               25,
+		ReadyMaxLag:                   500,
 		Dev:                           true,
 		SampleCron:                    "@every 2s",
 		LogLevel:                      slog.LevelDebug,
@@ -234,6 +237,8 @@ func TestValues(t *testing.T) {
 		{"KUMIKO_JOBS_CONCURRENCY", "1", func(t *testing.T, c *Config) { require.Equal(t, 1, c.JobsConcurrency) }},
 		{"KUMIKO_JOBS_CONCURRENCY", "2", func(t *testing.T, c *Config) { require.Equal(t, 2, c.JobsConcurrency) }},
 		{"KUMIKO_JOBS_CONCURRENCY", "1000", func(t *testing.T, c *Config) { require.Equal(t, 1000, c.JobsConcurrency) }},
+		{"KUMIKO_READY_MAX_LAG", "0", func(t *testing.T, c *Config) { require.Equal(t, int64(0), c.ReadyMaxLag) }},
+		{"KUMIKO_READY_MAX_LAG", "1000000000", func(t *testing.T, c *Config) { require.Equal(t, int64(1_000_000_000), c.ReadyMaxLag) }},
 		{"KUMIKO_DEV", "false", func(t *testing.T, c *Config) { require.False(t, c.Dev) }},
 		{"KUMIKO_SAMPLE_CRON", "CRON_TZ=Europe/Berlin 30 2 * * *", func(t *testing.T, c *Config) {
 			require.Equal(t, "CRON_TZ=Europe/Berlin 30 2 * * *", c.SampleCron)
@@ -315,6 +320,9 @@ func TestBadValues(t *testing.T) {
 		// A lane's runs at once: 0 would silently be the runner's default,
 		// and asynq takes a negative number as one run per CPU.
 		{"KUMIKO_JOBS_CONCURRENCY", "0", `KUMIKO_JOBS_CONCURRENCY: must be an integer between 1 and 1000, got "0"`},
+		{"KUMIKO_READY_MAX_LAG", "-1", `KUMIKO_READY_MAX_LAG: must be an integer between 0 and 1000000000, got "-1"`},
+		{"KUMIKO_READY_MAX_LAG", "1000000001", `KUMIKO_READY_MAX_LAG: must be an integer between 0 and 1000000000, got "1000000001"`},
+		{"KUMIKO_READY_MAX_LAG", "ten", `KUMIKO_READY_MAX_LAG: must be a non-negative integer, got "ten"`},
 		{"KUMIKO_JOBS_CONCURRENCY", "-1", `KUMIKO_JOBS_CONCURRENCY: must be an integer between 1 and 1000, got "-1"`},
 		{"KUMIKO_JOBS_CONCURRENCY", "1001", `KUMIKO_JOBS_CONCURRENCY: must be an integer between 1 and 1000, got "1001"`},
 		{"KUMIKO_JOBS_CONCURRENCY", "abc", `KUMIKO_JOBS_CONCURRENCY: must be a positive integer, got "abc"`},
@@ -364,6 +372,7 @@ func TestEveryProblemReportedAtOnce(t *testing.T) {
 		"KUMIKO_DRAIN_TIMEOUT_MS":                 "1.5",
 		"KUMIKO_RUN_LOCAL_JOBS":                   "yes",
 		"KUMIKO_JOBS_CONCURRENCY":                 "lots",
+		"KUMIKO_READY_MAX_LAG":                    "some",
 		"KUMIKO_DEV":                              "no",
 		"KUMIKO_SAMPLE_CRON":                      "nightly",
 		"LOG_LEVEL":                               "trace",

@@ -52,6 +52,7 @@
 //	KUMIKO_REPLICA_WAIT_MS              500                        ReplicaWait
 //	KUMIKO_RUN_LOCAL_JOBS               false                      RunLocalJobs (api process consumes the api job lane)
 //	KUMIKO_JOBS_CONCURRENCY             10                         JobsConcurrency (runs at once per job lane), 1..1000
+//	KUMIKO_READY_MAX_LAG                0 (not checked)            ReadyMaxLag (events a consumer may lag before /health/ready fails), 0..1000000000
 //	KUMIKO_DEV                          false                      Dev (demo page's dev token, sample nightly report every minute)
 //	KUMIKO_SAMPLE_CRON                  unset (sample's schedule)  SampleCron, a cron spec such as "@every 2s"
 //	LOG_LEVEL                           info                       LogLevel: debug, info, warn or error

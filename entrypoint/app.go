@@ -66,7 +66,8 @@ type Options struct {
 	Routes func(s *web.Server)
 	// ReadyMaxLag, when positive, makes /health/ready fail while a consumer
 	// this process runs has more than this many events after its cursor.
-	// Defaults to 0 (lag is not checked).
+	// Defaults to Config.ReadyMaxLag (KUMIKO_READY_MAX_LAG), whose default
+	// 0 means that lag is not checked.
 	ReadyMaxLag int64
 	// SSE tunes the live stream of the api and all-in-one modes (Logger and
 	// Metrics are the process's). Defaults to the sse package's defaults.
@@ -134,7 +135,7 @@ func New(ctx context.Context, opts Options) (_ *App, err error) {
 		instanceID: cmp.Or(opts.InstanceID, cfg.InstanceID, randomID()),
 		migrations: opts.Migrations,
 		metrics:    prometheus.NewRegistry(),
-		maxLag:     opts.ReadyMaxLag,
+		maxLag:     cmp.Or(opts.ReadyMaxLag, cfg.ReadyMaxLag),
 		logCheck:   cmp.Or(opts.EventLogCheckInterval, 10*time.Second),
 	}
 	a.state.Store(StateStarting)

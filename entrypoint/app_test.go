@@ -206,14 +206,27 @@ func TestDevToken(t *testing.T) {
 	}
 }
 
-// TestReadyMaxLag: with ReadyMaxLag, readiness fails while a consumer of
-// the process is further behind, and recovers when it caught up.
+// TestReadyMaxLag: with KUMIKO_READY_MAX_LAG (or Options.ReadyMaxLag, which
+// wins), readiness fails while a consumer of the process is further behind,
+// and recovers when it caught up.
 func TestReadyMaxLag(t *testing.T) {
 	t.Parallel()
+	t.Run("environment", func(t *testing.T) {
+		t.Parallel()
+		testReadyMaxLag(t, map[string]string{"KUMIKO_READY_MAX_LAG": "3"}, 0)
+	})
+	t.Run("option", func(t *testing.T) {
+		t.Parallel()
+		testReadyMaxLag(t, map[string]string{"KUMIKO_READY_MAX_LAG": "1000"}, 3)
+	})
+}
+
+func testReadyMaxLag(t *testing.T, env map[string]string, option int64) {
 	db := kumikotest.NewDB(t)
 	rds := jobstest.StartRedis(t)
-	cfg := newConfig(t, map[string]string{"APP_MODE": "all-in-one", "DATABASE_URL": db.URL, "REDIS_URL": rds.URL})
-	s := serve(t, entrypoint.Options{Config: cfg, Register: features.Register, ReadyMaxLag: 3})
+	env["APP_MODE"], env["DATABASE_URL"], env["REDIS_URL"] = "all-in-one", db.URL, rds.URL
+	cfg := newConfig(t, env)
+	s := serve(t, entrypoint.Options{Config: cfg, Register: features.Register, ReadyMaxLag: option})
 	waitServedReady(t, s)
 	// Park the order-totals consumer and write past the limit.
 	_, err := db.Pool.Exec(context.Background(), `UPDATE event_consumers SET status = 'dead' WHERE name = 'orders:projection:order-totals' OR name LIKE '%order-totals'`)

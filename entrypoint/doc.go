@@ -42,7 +42,7 @@
 // server's transaction ids, which a dump restored into a new cluster breaks;
 // see eventstore.CheckCommitKeys), sse (the hub is positioned), consumers
 // (the dispatcher has registered its consumers' state rows) and, with
-// Options.ReadyMaxLag, consumer_lag; 503 unless every check passed and the
+// KUMIKO_READY_MAX_LAG (or Options.ReadyMaxLag), consumer_lag; 503 unless every check passed and the
 // state is ready. The tenant_role and event_log problems are also logged as
 // an ERROR at boot; while event_log fails (checked at boot before anything
 // writes, then every Options.EventLogCheckInterval and by each readiness
