@@ -197,7 +197,7 @@ func (a *App) mountJobsAdmin(s *web.Server) {
 		t, err := in.Get(ctx, lane, id)
 		switch {
 		case errors.Is(err, jobs.ErrTaskNotFound) || (err == nil && t.TenantID != p.TenantID):
-			return framework.Errorf(framework.CodeNotFound, "no job run %s in the %s lane", id, lane)
+			return framework.Errorf(framework.CodeNotFound, "no job run %s in the %s lane", framework.Excerpt(id), lane)
 		case err != nil:
 			return &framework.Error{Code: framework.CodeUnavailable, Message: "job queues unavailable", Err: err}
 		}
@@ -206,7 +206,7 @@ func (a *App) mountJobsAdmin(s *web.Server) {
 		case errors.Is(err, jobs.ErrNotRetryable):
 			return &framework.Error{Code: framework.CodeConflict, Message: fmt.Sprintf("job run %s is %s; only archived, retry and scheduled runs can be retried", id, t.State), Err: err}
 		case errors.Is(err, jobs.ErrTaskNotFound):
-			return framework.Errorf(framework.CodeNotFound, "no job run %s in the %s lane", id, lane)
+			return framework.Errorf(framework.CodeNotFound, "no job run %s in the %s lane", framework.Excerpt(id), lane)
 		case err != nil:
 			return &framework.Error{Code: framework.CodeUnavailable, Message: "job queues unavailable", Err: err}
 		}

@@ -179,15 +179,11 @@ func (e *BatchError) Error() string { return fmt.Sprintf("command %d: %v", e.Ind
 // Unwrap returns the command's error.
 func (e *BatchError) Unwrap() error { return e.Err }
 
-// maxShownType bounds how much of an unknown type its 404 repeats (and
-// scores for the hint): a client's megabyte of type name is not echoed.
-const maxShownType = 200
-
-// unknownType is the 404 for a type nobody registered, with a hint.
+// unknownType is the 404 for a type nobody registered, with a hint. It
+// repeats (and scores for the hint) an [Excerpt] of the type: a client's
+// megabyte of type name is not echoed.
 func unknownType(kind, typ string, known []string) *Error {
-	if len(typ) > maxShownType {
-		typ = typ[:maxShownType] + "..."
-	}
+	typ = Excerpt(typ)
 	return &Error{
 		Code:    CodeNotFound,
 		Message: fmt.Sprintf("unknown %s type %q", kind, typ),

@@ -334,8 +334,9 @@ func rebuildError(err error, name string) error {
 	}
 	switch {
 	case errors.Is(err, rebuild.ErrUnknownProjection):
+		// The client's name, which no projection has: an excerpt.
 		return &framework.Error{Code: framework.CodeNotFound, Message: err.Error(),
-			Details: map[string]any{"projection": name}, Err: err}
+			Details: map[string]any{"projection": framework.Excerpt(name)}, Err: err}
 	case errors.Is(err, rebuild.ErrNotRebuildable):
 		return &framework.Error{Code: framework.CodeConflict, Message: err.Error(),
 			Details: map[string]any{"projection": name, "reason": "not_rebuildable"}, Err: err}

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/kumiko-go/kumiko/framework"
 	"github.com/kumiko-go/kumiko/framework/eventstore"
 )
 
@@ -99,12 +100,13 @@ func (e *opError) Error() string { return e.msg }
 func (e *opError) Unwrap() error { return e.kind }
 
 // label names a state row for messages: the name alone for shared
-// consumers, with the instance id otherwise.
+// consumers, with the instance id otherwise; each an [framework.Excerpt]
+// (an operator's or an HTTP client's value, repeated in refusals).
 func label(name, instance string) string {
 	if instance == SharedInstance || instance == "" {
-		return name
+		return framework.Excerpt(name)
 	}
-	return name + " (instance " + instance + ")"
+	return framework.Excerpt(name) + " (instance " + framework.Excerpt(instance) + ")"
 }
 
 // ConsumerStatus is one consumer state row (name, instance id) as operators
@@ -671,11 +673,11 @@ FROM (SELECT heartbeat_at FROM event_consumers WHERE instance_id = $1 FOR UPDATE
 			return err
 		}
 		if n == 0 {
-			return &opError{msg: fmt.Sprintf("no consumer rows of instance %s", instance), kind: ErrConsumerNotFound}
+			return &opError{msg: fmt.Sprintf("no consumer rows of instance %s", framework.Excerpt(instance)), kind: ErrConsumerNotFound}
 		}
 		if ageDur := time.Duration(age * float64(time.Second)); ageDur < RemoveInstanceMinSilence {
 			return &opError{msg: fmt.Sprintf("instance %s had a heartbeat %s ago; it looks alive (rows are removable after %s of silence)",
-				instance, ageDur.Round(time.Second), RemoveInstanceMinSilence), kind: ErrInstanceAlive}
+				framework.Excerpt(instance), ageDur.Round(time.Second), RemoveInstanceMinSilence), kind: ErrInstanceAlive}
 		}
 		tag, err := tx.Exec(ctx, `DELETE FROM event_consumers WHERE instance_id = $1`, instance)
 		removed = int(tag.RowsAffected())

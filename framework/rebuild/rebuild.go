@@ -141,7 +141,7 @@ func Check(reg *framework.Registry, name string) (*framework.Projection, error) 
 				known = append(known, q.Name())
 			}
 		}
-		return nil, fmt.Errorf("%w %q (projections with a table: %s)", ErrUnknownProjection, name, cmp.Or(strings.Join(known, ", "), "none"))
+		return nil, fmt.Errorf("%w %q (projections with a table: %s)", ErrUnknownProjection, framework.Excerpt(name), cmp.Or(strings.Join(known, ", "), "none"))
 	}
 	o := p.Options()
 	switch {

@@ -97,7 +97,7 @@ var (
 
 // SelectTypes returns the types a prune of names deletes, sorted: the
 // named ones (each must be declared in reg, else the error wraps
-// [ErrUnknownType]) or, when names is empty, every pub/sub type of reg.
+// [ErrUnknownType] and repeats an [framework.Excerpt] of the unknown ones) or, when names is empty, every pub/sub type of reg.
 func SelectTypes(reg *framework.Registry, names []string) ([]string, error) {
 	if len(names) == 0 {
 		var out []string
@@ -120,7 +120,7 @@ func SelectTypes(reg *framework.Registry, names []string) ([]string, error) {
 		}
 	}
 	if len(unknown) > 0 {
-		return nil, fmt.Errorf("%w: %s (declared: %s)", ErrUnknownType, strings.Join(unknown, ", "), strings.Join(reg.EventTypes(), ", "))
+		return nil, fmt.Errorf("%w: %s (declared: %s)", ErrUnknownType, framework.Excerpt(strings.Join(unknown, ", ")), strings.Join(reg.EventTypes(), ", "))
 	}
 	slices.Sort(out)
 	return out, nil
@@ -163,7 +163,7 @@ func selectTypes(ctx context.Context, pool *pgxpool.Pool, reg *framework.Registr
 	}
 	if len(unknown) > 0 {
 		return nil, fmt.Errorf("%w: %s (declared: %s; no event of such a type is in the log either)",
-			ErrUnknownType, strings.Join(unknown, ", "), strings.Join(reg.EventTypes(), ", "))
+			ErrUnknownType, framework.Excerpt(strings.Join(unknown, ", ")), strings.Join(reg.EventTypes(), ", "))
 	}
 	out = append(out, inLog...)
 	slices.Sort(out)

@@ -103,10 +103,10 @@ func ParseFilter(q url.Values, reg *framework.Registry) (Filter, error) {
 			switch {
 			case !reg.HasEvent(t):
 				fields = append(fields, framework.FieldError{Field: "types", Rule: "event_type",
-					Message: fmt.Sprintf("types: %q is not a declared event type", truncate(t))})
+					Message: fmt.Sprintf("types: %q is not a declared event type", framework.Excerpt(t))})
 			case reg.InternalEvent(t):
 				fields = append(fields, framework.FieldError{Field: "types", Rule: "event_type",
-					Message: fmt.Sprintf("types: %q is internal and never sent on the stream", truncate(t))})
+					Message: fmt.Sprintf("types: %q is internal and never sent on the stream", framework.Excerpt(t))})
 			}
 		}
 	}
@@ -117,7 +117,7 @@ func ParseFilter(q url.Values, reg *framework.Registry) (Filter, error) {
 		for _, t := range f.StreamTypes {
 			if !validStreamType(t) {
 				fields = append(fields, framework.FieldError{Field: "streamTypes", Rule: "stream_type",
-					Message: fmt.Sprintf("streamTypes: %q is not a stream type (1 to %d printable characters)", truncate(t), maxStreamType)})
+					Message: fmt.Sprintf("streamTypes: %q is not a stream type (1 to %d printable characters)", framework.Excerpt(t), maxStreamType)})
 			}
 		}
 	}
@@ -150,14 +150,6 @@ func validStreamType(s string) bool {
 		}
 	}
 	return true
-}
-
-// truncate shortens a client-sent value for an error message.
-func truncate(s string) string {
-	if len(s) > 64 {
-		s = s[:64] + "..."
-	}
-	return strings.ToValidUTF8(s, "?")
 }
 
 // ErrBadEventID is returned by [ParseEventID] for a malformed id.

@@ -58,7 +58,7 @@ func (h *Hub) Serve(c echo.Context) error {
 	if id := cmpOr(req.Header.Get(HeaderLastEventID), req.URL.Query().Get(QueryLastEventID)); id != "" {
 		if after, err = ParseEventID(id); err != nil {
 			return &framework.Error{Code: framework.CodeBadRequest,
-				Message: "malformed Last-Event-ID: send back an id this stream sent", Details: map[string]any{"lastEventId": truncate(id)}}
+				Message: "malformed Last-Event-ID: send back an id this stream sent", Details: map[string]any{"lastEventId": framework.Excerpt(id)}}
 		}
 		resume = true
 	}

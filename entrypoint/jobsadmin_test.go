@@ -1,0 +1,60 @@
+package entrypoint_test
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kumiko-go/kumiko/entrypoint"
+	"github.com/kumiko-go/kumiko/framework/jobs/jobstest"
+	"github.com/kumiko-go/kumiko/framework/kumikotest"
+)
+
+// serveJobsAdmin serves an all-in-one app with the jobs admin API and
+// returns its base URL and an admin token of tenant acme.
+func serveJobsAdmin(t *testing.T) (base, admin string) {
+	t.Helper()
+	db := kumikotest.NewDB(t)
+	rds := jobstest.StartRedis(t)
+	var healthy atomic.Bool
+	app, err := entrypoint.New(context.Background(), entrypoint.Options{
+		Config: jobsConfig(t, "all-in-one", db.URL, rds.URL), Register: jobsTestFeature(&healthy), InstanceID: "jobs-admin-input",
+	})
+	require.NoError(t, err)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- app.Serve(ctx, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	return "http://" + ln.Addr().String(), jobsToken(t, keyring(t), "acme", "admin")
+}
+
+// TestJobsAdminBadInput: the jobs admin API's answers to bad input.
+func TestJobsAdminBadInput(t *testing.T) {
+	t.Parallel()
+	base, admin := serveJobsAdmin(t)
+	errorOf := func(res map[string]any) map[string]any {
+		t.Helper()
+		e, ok := res["error"].(map[string]any)
+		require.True(t, ok, "want an error envelope: %v", res)
+		return e
+	}
+
+	t.Run("a long run id is repeated as an excerpt", func(t *testing.T) {
+		long := strings.Repeat("x", 10<<10)
+		code, res := jobsCall(t, "POST", base+"/api/admin/jobs/api/"+long+"/retry", admin, nil)
+		require.Equal(t, http.StatusNotFound, code)
+		msg := errorOf(res)["message"].(string)
+		require.Less(t, len(msg), 1000, "the message repeats the whole id: %.300s", msg)
+		require.True(t, strings.Contains(msg, long[:100]), "the message still names the id: %.300s", msg)
+	})
+}
