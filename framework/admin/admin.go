@@ -9,7 +9,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -275,8 +274,10 @@ func readBody(c echo.Context) (*opsBody, error) {
 	return &b, nil
 }
 
-// decodeBody decodes the request's JSON object body into v, refusing
-// unknown fields and trailing data; an empty body leaves v unchanged.
+// decodeBody decodes the request's JSON object body into v as the core
+// API decodes its bodies ([web.DecodeJSON]: unknown fields and trailing
+// data refused, a value of the wrong kind named by its JSON path and
+// kind); an empty body leaves v unchanged.
 func decodeBody(c echo.Context, v any) error {
 	raw, err := io.ReadAll(http.MaxBytesReader(c.Response().Writer, c.Request().Body, maxBody))
 	if err != nil {
@@ -287,23 +288,10 @@ func decodeBody(c echo.Context, v any) error {
 		}
 		return &framework.Error{Code: framework.CodeBadRequest, Message: "cannot read the request body", Err: err}
 	}
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 {
+	if len(bytes.TrimSpace(raw)) == 0 {
 		return nil
 	}
-	if raw[0] != '{' {
-		return &framework.Error{Code: framework.CodeBadRequest, Message: "the request body must be a JSON object"}
-	}
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		msg := strings.TrimPrefix(err.Error(), "json: ")
-		return &framework.Error{Code: framework.CodeBadRequest, Message: "invalid request body: " + msg, Err: err}
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return &framework.Error{Code: framework.CodeBadRequest, Message: "the request body has data after its JSON object"}
-	}
-	return nil
+	return web.DecodeJSON(raw, web.DefaultMaxJSONDepth, v)
 }
 
 // writeData answers 200 {"data": v}, encoding before writing anything.

@@ -69,3 +69,59 @@ func TestMaintenanceRepeatsAnExcerptOfALongValue(t *testing.T) {
 	requireError(t, e, http.StatusNotFound, "not_found")
 	requireShortEcho(t, e, long)
 }
+
+// requireClientWording asserts a bad_request whose message names the
+// field by its JSON name and kind, without Go identifiers.
+func requireClientWording(t *testing.T, e envelope, want string) {
+	t.Helper()
+	requireError(t, e, http.StatusBadRequest, "bad_request")
+	require.Contains(t, e.Error.Message, want)
+	for _, goName := range []string{"Go ", "struct", "Body", "int64", "*", "of type int", "of type bool", "of type string"} {
+		require.NotContains(t, e.Error.Message, goName)
+	}
+}
+
+// TestAdminBodyErrorsUseJSONNames: a body value of the wrong kind is
+// answered in the client's terms (olderThanDays must be an integer), as
+// the core API answers, not with encoding/json's Go type names.
+func TestAdminBodyErrorsUseJSONNames(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tok := b.token(t, "admin")
+	for body, want := range map[string]string{
+		`{"instance": 5}`:     "instance must be a string, got number",
+		`{"toPosition": 1.5}`: "toPosition must be an integer, got number 1.5",
+		`{"toPosition": "0"}`: "toPosition must be an integer, got string",
+		`{"toTime": false}`:   "toTime must be a string, got bool",
+		`{"to_position": 0}`:  `unknown field "to_position"`,
+	} {
+		requireClientWording(t, b.do(t, http.MethodPost, "/api/admin/consumers/adm:healthy/rewind", tok, body), want)
+	}
+}
+
+// TestMaintenanceBodyErrorsUseJSONNames: the same for the maintenance
+// routes' bodies.
+func TestMaintenanceBodyErrorsUseJSONNames(t *testing.T) {
+	t.Parallel()
+	b := setupOps(t)
+	tok := b.token(t, "admin")
+	for _, path := range []string{"/api/admin/events/prune", "/api/admin/jobs/handled/prune", "/api/admin/dead-letters/prune"} {
+		for body, want := range map[string]string{
+			`{"olderThanDays": 1.5}`:  "olderThanDays must be an integer, got number 1.5",
+			`{"olderThanDays": "30"}`: "olderThanDays must be an integer, got string",
+			`{"olderThanDays": 1e99}`: "olderThanDays must be an integer",
+		} {
+			requireClientWording(t, b.do(t, http.MethodPost, path, tok, body), want)
+		}
+	}
+	requireClientWording(t, b.do(t, http.MethodPost, "/api/admin/events/prune", tok, `{"olderThanDays": 30, "dryRun": "yes"}`),
+		"dryRun must be a boolean, got string")
+	requireClientWording(t, b.do(t, http.MethodPost, "/api/admin/events/prune", tok, `{"olderThanDays": 30, "dry_run": true}`),
+		`unknown field "dry_run"`)
+	requireClientWording(t, b.do(t, http.MethodPost, "/api/admin/projections/ops:tally/rebuild", tok, `{"batchSize": 2.5}`),
+		"batchSize must be an integer, got number 2.5")
+	requireClientWording(t, b.do(t, http.MethodPost, "/api/admin/projections/ops:tally/rebuild", tok, `{"abandon": 1}`),
+		"abandon must be a boolean, got number")
+	requireClientWording(t, b.do(t, http.MethodPost, "/api/admin/migrations/up", tok, `{"force": true}`),
+		`unknown field "force"`)
+}

@@ -18,13 +18,13 @@ import (
 )
 
 // decodeBody reads the request body (at most the body limit) and decodes it
-// into v with [decodeJSON].
+// into v with [DecodeJSON].
 func (s *Server) decodeBody(c echo.Context, v any) error {
 	body, err := readBody(c, s.bodyLimit)
 	if err != nil {
 		return err
 	}
-	return decodeJSON(body, s.maxDepth, v)
+	return DecodeJSON(body, s.maxDepth, v)
 }
 
 // readBody reads the whole body, failing with payload_too_large beyond limit
@@ -45,10 +45,13 @@ func readBody(c echo.Context, limit int64) ([]byte, error) {
 	return b, nil
 }
 
-// decodeJSON decodes body, which must be exactly one JSON object nested at
+// DecodeJSON decodes body, which must be exactly one JSON object nested at
 // most maxDepth deep, into v, rejecting fields v does not have. Every failure
-// is a bad_request *framework.Error with a message naming the problem.
-func decodeJSON(body []byte, maxDepth int, v any) error {
+// is a bad_request *framework.Error with a message in the client's terms: a
+// field named by its JSON path and the JSON kind it takes
+// ("olderThanDays must be an integer, got number 1.5"), never by Go names.
+// Routes added through [Server.Echo] decode their bodies with it.
+func DecodeJSON(body []byte, maxDepth int, v any) error {
 	trimmed := bytes.TrimLeft(body, " \t\r\n")
 	if len(trimmed) == 0 {
 		return badRequest("the request body is empty; expected a JSON object", nil)
@@ -86,27 +89,32 @@ func decodeError(body []byte, v any, err error) error {
 		return badRequest("malformed JSON: unexpected end of the request body", err)
 	case errors.As(err, &te):
 		field := cmp.Or(framework.DecodeErrorPath(body, v), te.Field, "the request body")
-		return badRequest(fmt.Sprintf("%s must be %s, got %s", field, jsonKind(te.Type), te.Value), err)
+		return badRequest(fmt.Sprintf("%s must be %s, got %s", framework.Excerpt(field), jsonKind(te.Type), framework.Excerpt(te.Value)), err)
 	}
 	if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
 		if path := framework.DecodeErrorPath(body, v); path != "" {
 			name = strconv.Quote(path)
 		}
-		return badRequest("unknown field "+name+" in the request body", err)
+		return badRequest("unknown field "+framework.Excerpt(name)+" in the request body", err)
 	}
 	return badRequest("invalid request body: "+strings.TrimPrefix(err.Error(), "json: "), err)
 }
 
-// jsonKind names the JSON kind a Go type decodes from.
+// jsonKind names the JSON kind a Go type decodes from (an integer for Go
+// integers: 1.5 does not decode into one).
 func jsonKind(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
 	switch t.Kind() {
 	case reflect.String:
 		return "a string"
 	case reflect.Bool:
 		return "a boolean"
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
-		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64,
-		reflect.Float32, reflect.Float64:
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer"
+	case reflect.Float32, reflect.Float64:
 		return "a number"
 	case reflect.Slice, reflect.Array:
 		return "an array"

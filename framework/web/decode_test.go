@@ -51,7 +51,7 @@ func FuzzDecodeJSON(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		var req writeRequest
-		err := decodeJSON(body, 8, &req)
+		err := DecodeJSON(body, 8, &req)
 		if err == nil {
 			require.True(t, json.Valid(body), "accepted invalid JSON %q", body)
 			shallow, nul := scanJSON(body, 8)
