@@ -150,8 +150,13 @@ func (a *App) mountJobsAdmin(s *web.Server) {
 		if err != nil {
 			return err
 		}
-		q := c.QueryParams()
-		opts := &jobs.ListOptions{State: jobs.State(q.Get("state")), Lane: framework.RunIn(q.Get("lane")), TenantID: p.TenantID}
+		q := map[string]string{}
+		for _, name := range []string{"state", "lane", "limit"} {
+			if q[name], err = web.QueryParam(c, name); err != nil {
+				return err
+			}
+		}
+		opts := &jobs.ListOptions{State: jobs.State(q["state"]), Lane: framework.RunIn(q["lane"]), TenantID: p.TenantID}
 		var fields []framework.FieldError
 		if opts.State != "" && !validState(opts.State) {
 			fields = append(fields, framework.FieldError{Field: "state", Rule: "oneof", Message: "state must be one of archived, pending, active, scheduled, retry, completed"})
@@ -159,7 +164,7 @@ func (a *App) mountJobsAdmin(s *web.Server) {
 		if opts.Lane != "" && opts.Lane != framework.RunInAPI && opts.Lane != framework.RunInWorker {
 			fields = append(fields, framework.FieldError{Field: "lane", Rule: "oneof", Message: "lane must be api or worker"})
 		}
-		if l := q.Get("limit"); l != "" {
+		if l := q["limit"]; l != "" {
 			n, err := strconv.Atoi(l)
 			if err != nil || n < 1 || n > 1000 {
 				fields = append(fields, framework.FieldError{Field: "limit", Rule: "range", Message: "limit must be an integer between 1 and 1000"})

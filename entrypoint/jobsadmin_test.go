@@ -57,4 +57,14 @@ func TestJobsAdminBadInput(t *testing.T) {
 		require.Less(t, len(msg), 1000, "the message repeats the whole id: %.300s", msg)
 		require.True(t, strings.Contains(msg, long[:100]), "the message still names the id: %.300s", msg)
 	})
+
+	t.Run("a repeated query parameter is refused", func(t *testing.T) {
+		for _, q := range []string{"state=archived&state=pending", "lane=api&lane=worker", "limit=5&limit=10", "lane=api&lane=api"} {
+			code, res := jobsCall(t, "GET", base+"/api/admin/jobs?"+q, admin, nil)
+			require.Equal(t, http.StatusBadRequest, code, q)
+			e := errorOf(res)
+			require.Equal(t, "bad_request", e["code"], q)
+			require.Contains(t, e["message"], strings.SplitN(q, "=", 2)[0], q)
+		}
+	})
 }

@@ -116,7 +116,11 @@ func (h *handlers) status(c echo.Context) error {
 	if err != nil {
 		return web.WriteError(c, err)
 	}
-	st, err := dispatcher.Status(c.Request().Context(), h.pool, name, c.QueryParam("instance"))
+	instance, err := web.QueryParam(c, "instance")
+	if err != nil {
+		return web.WriteError(c, err)
+	}
+	st, err := dispatcher.Status(c.Request().Context(), h.pool, name, instance)
 	if err != nil {
 		return web.WriteError(c, toError(err))
 	}
@@ -154,7 +158,10 @@ func (h *handlers) verb(fn verbFunc) echo.HandlerFunc {
 		if err != nil {
 			return web.WriteError(c, err)
 		}
-		instance := c.QueryParam("instance")
+		instance, err := web.QueryParam(c, "instance")
+		if err != nil {
+			return web.WriteError(c, err)
+		}
 		if body.Instance != "" {
 			if instance != "" && instance != body.Instance {
 				return web.WriteError(c, invalid("instance", "eqfield", "instance differs between the query (?instance=) and the body"))

@@ -125,3 +125,23 @@ func TestMaintenanceBodyErrorsUseJSONNames(t *testing.T) {
 	requireClientWording(t, b.do(t, http.MethodPost, "/api/admin/migrations/up", tok, `{"force": true}`),
 		`unknown field "force"`)
 }
+
+// TestAdminRefusesARepeatedQueryParameter: ?instance=a&instance=b is 400
+// naming the parameter, not read as its first value: the verb acts on
+// no row.
+func TestAdminRefusesARepeatedQueryParameter(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tok := b.token(t, "admin")
+	before := decode[consumerJSON](t, b.do(t, http.MethodGet, "/api/admin/consumers/adm:local?instance=pod-1", tok, ""))
+	for _, q := range []string{"instance=pod-1&instance=pod-2", "instance=pod-1&instance=pod-1", "instance=&instance=pod-1"} {
+		e := b.do(t, http.MethodGet, "/api/admin/consumers/adm:local?"+q, tok, "")
+		requireError(t, e, http.StatusBadRequest, "bad_request")
+		require.Contains(t, e.Error.Message, "instance", q)
+		e = b.do(t, http.MethodPost, "/api/admin/consumers/adm:local/disable?"+q, tok, "")
+		requireError(t, e, http.StatusBadRequest, "bad_request")
+		require.Contains(t, e.Error.Message, "instance", q)
+	}
+	after := decode[consumerJSON](t, b.do(t, http.MethodGet, "/api/admin/consumers/adm:local?instance=pod-1", tok, ""))
+	require.Equal(t, before.Status, after.Status, "the row was not disabled")
+}

@@ -53,9 +53,13 @@ func (h *Hub) Serve(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	queryID, err := web.QueryParam(c, QueryLastEventID)
+	if err != nil {
+		return err
+	}
 	var after eventstore.Cursor
 	resume := false
-	if id := cmpOr(req.Header.Get(HeaderLastEventID), req.URL.Query().Get(QueryLastEventID)); id != "" {
+	if id := cmpOr(req.Header.Get(HeaderLastEventID), queryID); id != "" {
 		if after, err = ParseEventID(id); err != nil {
 			return &framework.Error{Code: framework.CodeBadRequest,
 				Message: "malformed Last-Event-ID: send back an id this stream sent", Details: map[string]any{"lastEventId": framework.Excerpt(id)}}

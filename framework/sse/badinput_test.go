@@ -1,0 +1,25 @@
+package sse_test
+
+import (
+	"net/http"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestRepeatedLastEventIDIsRefused: ?lastEventId=a&lastEventId=b is 400
+// naming the parameter, not a resume from the first id.
+func TestRepeatedLastEventIDIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	b.note(t, "acme", "memo", 1, "")
+	b.note(t, "acme", "memo", 2, "")
+	log := b.logOf(t, "acme")
+	require.Len(t, log, 2)
+	for _, q := range []string{"lastEventId=" + log[0] + "&lastEventId=" + log[1], "lastEventId=" + log[0] + "&lastEventId=" + log[0]} {
+		code, body := b.status(t, request{tenant: "acme", query: q})
+		require.Equal(t, http.StatusBadRequest, code, q)
+		require.Contains(t, body, `"code":"bad_request"`, q)
+		require.Contains(t, body, "lastEventId", q)
+	}
+}
