@@ -16,7 +16,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/url"
 	"strconv"
 	"sync"
 
@@ -185,16 +184,17 @@ func (a *App) mountJobsAdmin(s *web.Server) {
 		if err != nil {
 			return err
 		}
-		lane, id := framework.RunIn(c.Param("lane")), c.Param("id")
-		if c.Request().URL.RawPath != "" {
-			// The path was sent escaped (a client escaping the id's ':'
-			// and '@'), and echo matched and cut the raw path.
-			u, err := url.PathUnescape(id)
-			if err != nil {
-				return &framework.Error{Code: framework.CodeBadRequest, Message: "malformed job run id in the path", Err: err}
-			}
-			id = u
+		// Clients escape the id's ':' and '@'; echo then hands out every
+		// parameter of the raw path still escaped.
+		rawLane, err := web.PathParam(c, "lane")
+		if err != nil {
+			return err
 		}
+		id, err := web.PathParam(c, "id")
+		if err != nil {
+			return err
+		}
+		lane := framework.RunIn(rawLane)
 		if lane != framework.RunInAPI && lane != framework.RunInWorker {
 			return &framework.ValidationError{Fields: []framework.FieldError{{Field: "lane", Rule: "oneof", Message: "lane must be api or worker"}}}
 		}

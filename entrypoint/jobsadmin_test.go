@@ -67,4 +67,14 @@ func TestJobsAdminBadInput(t *testing.T) {
 			require.Contains(t, e["message"], strings.SplitN(q, "=", 2)[0], q)
 		}
 	})
+
+	t.Run("the lane in the path is percent-decoded like the id", func(t *testing.T) {
+		for _, lane := range []string{"ap%69", "%61pi", "w%6Frker"} {
+			code, res := jobsCall(t, "POST", base+"/api/admin/jobs/"+lane+"/no-such-run/retry", admin, nil)
+			require.Equal(t, http.StatusNotFound, code, "%s: %v", lane, res)
+			require.Contains(t, errorOf(res)["message"], "no job run no-such-run in the", lane)
+		}
+		code, _ := jobsCall(t, "POST", base+"/api/admin/jobs/ap%2F/no-such-run/retry", admin, nil)
+		require.Equal(t, http.StatusBadRequest, code, "an escaped lane that is no lane")
+	})
 }

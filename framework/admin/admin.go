@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -254,16 +253,12 @@ func invalid(field, rule, msg string) error {
 	return &framework.ValidationError{Fields: []framework.FieldError{{Field: field, Rule: rule, Message: msg}}}
 }
 
-// pathParam returns a path parameter, unescaped when the request path was
-// sent escaped (echo then matches on the raw path).
+// pathParam returns a path parameter, unescaped ([web.PathParam]); an
+// empty one is a validation_error.
 func pathParam(c echo.Context, name string) (string, error) {
-	v := c.Param(name)
-	if c.Request().URL.RawPath != "" {
-		u, err := url.PathUnescape(v)
-		if err != nil {
-			return "", &framework.Error{Code: framework.CodeBadRequest, Message: "malformed " + name + " in the path", Err: err}
-		}
-		v = u
+	v, err := web.PathParam(c, name)
+	if err != nil {
+		return "", err
 	}
 	if v == "" {
 		return "", invalid(name, "required", name+" is required")

@@ -2,6 +2,7 @@ package web
 
 import (
 	"fmt"
+	"net/url"
 
 	"github.com/labstack/echo/v4"
 
@@ -24,4 +25,22 @@ func QueryParam(c echo.Context, name string) (string, error) {
 	return "", &framework.Error{Code: framework.CodeBadRequest,
 		Message: fmt.Sprintf("the query parameter %s is given %d times; give it once", name, len(vals)),
 		Details: map[string]any{"parameter": name}}
+}
+
+// PathParam returns the path parameter name, %-decoded. When a request
+// path was sent escaped (a client escaping an id's ':' or '@', or any
+// other character), echo matches on the raw path and hands out every
+// parameter still escaped: each must be decoded, not just the one a client
+// is expected to escape. A malformed escape is a bad_request naming the
+// parameter.
+func PathParam(c echo.Context, name string) (string, error) {
+	v := c.Param(name)
+	if c.Request().URL.RawPath == "" {
+		return v, nil
+	}
+	u, err := url.PathUnescape(v)
+	if err != nil {
+		return "", &framework.Error{Code: framework.CodeBadRequest, Message: "malformed " + name + " in the path", Err: err}
+	}
+	return u, nil
 }
