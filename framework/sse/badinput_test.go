@@ -23,3 +23,23 @@ func TestRepeatedLastEventIDIsRefused(t *testing.T) {
 		require.Contains(t, body, "lastEventId", q)
 	}
 }
+
+// TestEmptyFilterListIsRefused: a types or streamTypes parameter that
+// names nothing (only separators or blanks, or no value at all) is a 400,
+// as a prune's empty types list is: a client whose list came out empty
+// must not get every event type. An absent parameter is no filter.
+func TestEmptyFilterListIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	for _, q := range []string{"types=,,,", "types=", "types=%20,%20", "types=&types=,", "streamTypes=,", "streamTypes=",
+		"types=orders:event:placed&streamTypes=,"} {
+		code, body := b.status(t, request{tenant: "acme", query: q})
+		require.Equal(t, http.StatusBadRequest, code, q)
+		require.Contains(t, body, `"code":"validation_error"`, q)
+		require.Contains(t, body, "names no", q)
+	}
+	for _, q := range []string{"", "types=orders:event:placed,,", "streamTypes=,memo", "types=orders:event:placed&types="} {
+		code, body := b.status(t, request{tenant: "acme", query: q})
+		require.Equal(t, http.StatusOK, code, "%s: %s", q, body)
+	}
+}

@@ -9,7 +9,9 @@
 // comes from the token only, so a client can never subscribe to another
 // tenant's events. The query parameters `types` (qualified event types) and
 // `streamTypes` (aggregate types), comma-separated or repeated, narrow the
-// stream; an undeclared event type is answered 400 validation_error.
+// stream (left out: no filter; present but naming nothing, as ?types=,
+// answered 400 validation_error); an undeclared event type is answered 400
+// validation_error.
 // Internal event types ([framework.EventOptions].Internal, such as
 // jobs:event:dispatched, which carries a job's input) are never sent, live
 // or replayed, and a filter naming one is answered 400 as well; neither are

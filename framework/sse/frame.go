@@ -86,15 +86,26 @@ func matchAny(list []string, v string) bool {
 
 // ParseFilter reads the filter of an SSE request: the query parameters
 // `types` (event types) and `streamTypes` (stream types), each
-// comma-separated and repeatable. An event type that reg does not declare or
-// declares internal ([framework.EventOptions].Internal), a malformed stream
-// type, or more than [MaxFilterValues] values is a
-// *framework.ValidationError.
+// comma-separated and repeatable; a parameter left out is no filter. An
+// event type that reg does not declare or declares internal
+// ([framework.EventOptions].Internal), a malformed stream type, more than
+// [MaxFilterValues] values, or a parameter that is present but names
+// nothing (?types=, ?types=,,) is a *framework.ValidationError: a client
+// whose list came out empty must not get every type.
 func ParseFilter(q url.Values, reg *framework.Registry) (Filter, error) {
 	var f Filter
 	var fields []framework.FieldError
 	f.Types = splitList(q["types"])
 	f.StreamTypes = splitList(q["streamTypes"])
+	for _, p := range []struct {
+		name, what string
+		list       []string
+	}{{"types", "event type", f.Types}, {"streamTypes", "stream type", f.StreamTypes}} {
+		if q.Has(p.name) && len(p.list) == 0 {
+			fields = append(fields, framework.FieldError{Field: p.name, Rule: "required",
+				Message: fmt.Sprintf("%s names no %s; leave it out to receive every %s", p.name, p.what, p.what)})
+		}
+	}
 	if len(f.Types) > MaxFilterValues {
 		fields = append(fields, framework.FieldError{Field: "types", Rule: "max", Param: strconv.Itoa(MaxFilterValues),
 			Message: fmt.Sprintf("types names more than %d event types", MaxFilterValues)})
