@@ -13,6 +13,7 @@ import (
 
 	"github.com/kumiko-go/kumiko/features/orders"
 	"github.com/kumiko-go/kumiko/framework"
+	"github.com/kumiko-go/kumiko/framework/kumikotest"
 )
 
 // TestWriteOnAConnectionTheServerEndedIsUnavailable: when the server ends
@@ -151,4 +152,24 @@ func TestDatabaseUnreachable(t *testing.T) {
 	_, err = pgx.ConnectConfig(t.Context(), cfg)
 	require.Error(t, err)
 	require.True(t, framework.DatabaseUnreachable(fmt.Errorf("acquire: %w", err)), "%v", err)
+}
+
+// A connection asked for a second statement while the first one's rows are
+// still open answers "conn busy": a bug in the code that shares it, not an
+// outage. pgx marks that error safe to retry (nothing was sent), which
+// must not make it pass for an unreachable database: the dispatcher would
+// log the bug as a WARN outage, and retrying never cures it.
+func TestDatabaseUnreachableIsNotAConnectionInUse(t *testing.T) {
+	t.Parallel()
+	conn, err := pgx.Connect(t.Context(), kumikotest.AdminURL())
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+	rows, err := conn.Query(t.Context(), `SELECT generate_series(1, 3)`)
+	require.NoError(t, err)
+	_, err = conn.Exec(t.Context(), `SELECT 1`)
+	rows.Close()
+	require.ErrorContains(t, err, "conn busy")
+	require.True(t, pgconn.SafeToRetry(err), "the premise: pgx calls it safe to retry")
+	require.False(t, framework.DatabaseUnreachable(fmt.Errorf("pass: %w", err)), "%v", err)
+	require.NoError(t, conn.Ping(t.Context()), "the database was reachable all along")
 }

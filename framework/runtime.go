@@ -584,7 +584,8 @@ func sessionEnded(pgErr *pgconn.PgError) bool {
 // FATAL (a restart's shutdown, a crash, a session timeout). Such a failure
 // passes when the database is back; background loops retry it and log it
 // as a warning. A context that ended is not one, nor is an error the
-// server answered a statement with.
+// server answered a statement with, nor a connection used by two
+// statements at once (pgx's "conn busy", a bug of the code sharing it).
 func DatabaseUnreachable(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
@@ -598,7 +599,9 @@ func DatabaseUnreachable(err error) bool {
 	if _, ok := errors.AsType[net.Error](err); ok {
 		return true
 	}
-	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || pgconn.SafeToRetry(err)
+	// Not pgconn.SafeToRetry: it also holds for "conn busy", which says
+	// nothing about the database.
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, pgconn.ErrConnClosed)
 }
 
 // endedBeforeCommit reports whether err, the failure of a batch ending in
