@@ -2,6 +2,7 @@ package framework_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"testing"
@@ -172,4 +173,32 @@ func TestDatabaseUnreachableIsNotAConnectionInUse(t *testing.T) {
 	require.True(t, pgconn.SafeToRetry(err), "the premise: pgx calls it safe to retry")
 	require.False(t, framework.DatabaseUnreachable(fmt.Errorf("pass: %w", err)), "%v", err)
 	require.NoError(t, conn.Ping(t.Context()), "the database was reachable all along")
+}
+
+// A connect the server refuses for the process's own configuration (a
+// role or database that does not exist, a password or pg_hba rule that
+// no longer lets it in) is a failure the database answered, not an
+// outage: the server is up and the failure does not pass by itself. It
+// comes as a FATAL error, like a restart's shutdown, but must not be
+// logged as a WARN outage (README: ERROR "dispatcher pass failed" is kept
+// for failures the database answered).
+func TestDatabaseUnreachableIsNotARefusedLogin(t *testing.T) {
+	t.Parallel()
+	for name, change := range map[string]func(*pgx.ConnConfig){
+		"unknown role":     func(c *pgx.ConnConfig) { c.User = "kumiko_no_such_role" },
+		"unknown database": func(c *pgx.ConnConfig) { c.Database = "kumiko_no_such_database" },
+	} {
+		cfg, err := pgx.ParseConfig(kumikotest.AdminURL())
+		require.NoError(t, err)
+		change(cfg)
+		_, err = pgx.ConnectConfig(t.Context(), cfg)
+		require.Error(t, err, name)
+		pgErr, ok := errors.AsType[*pgconn.PgError](err)
+		require.True(t, ok, "%s: %v", name, err)
+		require.Equal(t, "FATAL", pgErr.Severity, name)
+		require.False(t, framework.DatabaseUnreachable(fmt.Errorf("dispatcher: acquire: %w", err)), "%s: %v", name, err)
+	}
+	// A server that is starting up or shutting down is still an outage.
+	require.True(t, framework.DatabaseUnreachable(&pgconn.PgError{Severity: "FATAL", Code: "57P03"}))
+	require.True(t, framework.DatabaseUnreachable(&pgconn.PgError{Severity: "FATAL", Code: "53300"}))
 }

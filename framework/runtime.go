@@ -578,20 +578,31 @@ func sessionEnded(pgErr *pgconn.PgError) bool {
 	}
 }
 
+// loginRefused reports whether the server's error refused a connect for the
+// client's own configuration: class 28 (invalid authorization: a wrong
+// password, no pg_hba entry, a role that does not exist), 3D000 (the
+// database does not exist) or 42501 (no CONNECT privilege). The server
+// sends them as FATAL, but it is up: the failure lasts until the
+// configuration changes.
+func loginRefused(pgErr *pgconn.PgError) bool {
+	return strings.HasPrefix(pgErr.Code, "28") || pgErr.Code == "3D000" || pgErr.Code == "42501"
+}
+
 // DatabaseUnreachable reports whether err says that the database could not
 // be reached or ended the connection: a refused or failed connect, a
 // network failure, a connection the driver had closed, or the server's own
 // FATAL (a restart's shutdown, a crash, a session timeout). Such a failure
 // passes when the database is back; background loops retry it and log it
 // as a warning. A context that ended is not one, nor is an error the
-// server answered a statement with, nor a connection used by two
+// server answered a statement with, nor a connect the server refused for
+// the client's configuration (see loginRefused), nor a connection used by two
 // statements at once (pgx's "conn busy", a bug of the code sharing it).
 func DatabaseUnreachable(err error) bool {
 	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
 	}
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
-		return sessionEnded(pgErr)
+		return sessionEnded(pgErr) && !loginRefused(pgErr)
 	}
 	if _, ok := errors.AsType[*pgconn.ConnectError](err); ok {
 		return true
