@@ -589,23 +589,29 @@ func loginRefused(pgErr *pgconn.PgError) bool {
 }
 
 // DatabaseUnreachable reports whether err says that the database could not
-// be reached or ended the connection: a refused or failed connect, a
-// network failure, a connection the driver had closed, or the server's own
-// FATAL (a restart's shutdown, a crash, a session timeout). Such a failure
-// passes when the database is back; background loops retry it and log it
-// as a warning. A context that ended is not one, nor is an error the
-// server answered a statement with, nor a connect the server refused for
-// the client's configuration (see loginRefused), nor a connection used by two
-// statements at once (pgx's "conn busy", a bug of the code sharing it).
+// be reached or ended the connection: a refused, failed or timed-out
+// connect, a network failure, a connection the driver had closed, or the
+// server's own FATAL (a restart's shutdown, a crash, a session timeout).
+// Such a failure passes when the database is back; background loops retry
+// it and log it as a warning. A context that ended is not one (outside a
+// connect), nor is an error the server answered a statement with, nor a
+// connect the server refused for the client's configuration (see
+// loginRefused), nor a connection used by two statements at once (pgx's
+// "conn busy", a bug of the code sharing it).
 func DatabaseUnreachable(err error) bool {
-	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	if err == nil || errors.Is(err, context.Canceled) {
 		return false
 	}
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
 		return sessionEnded(pgErr) && !loginRefused(pgErr)
 	}
 	if _, ok := errors.AsType[*pgconn.ConnectError](err); ok {
+		// Also a connect that timed out (a host that does not answer),
+		// which wraps context.DeadlineExceeded.
 		return true
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return false
 	}
 	if _, ok := errors.AsType[net.Error](err); ok {
 		return true
