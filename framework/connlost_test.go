@@ -125,13 +125,21 @@ func TestWriteWhoseStatementOutlivedTheHandlersDeadline(t *testing.T) {
 			_, err := tx.Exec(ctx, `SELECT pg_sleep(2), $1::text`, in.Name)
 			return in.Name, err
 		}, nil)
+		framework.Write(r.Feature("slow-test"), "cancelled", func(ctx context.Context, tx *framework.Tx, in slowInput) (string, error) {
+			ctx, cancel := context.WithCancel(ctx)
+			defer time.AfterFunc(50*time.Millisecond, cancel).Stop()
+			_, err := tx.Exec(ctx, `SELECT pg_sleep(2), $1::text`, in.Name)
+			return in.Name, err
+		}, nil)
 	})
-	_, err := b.write(t, callAs("t1", "u-t1"), "slow-test:write:bounded", slowInput{Name: "x"})
-	require.Error(t, err)
-	fe := framework.ToError(err)
-	require.Equal(t, framework.CodeUnavailable, fe.Code, "%v", err)
-	require.Contains(t, fe.Message, "deadline", "%v", err)
-	require.NotContains(t, fe.Message, "database unavailable")
+	for typ, word := range map[string]string{"slow-test:write:bounded": "deadline", "slow-test:write:cancelled": "cancelled"} {
+		_, err := b.write(t, callAs("t1", "u-t1"), typ, slowInput{Name: "x"})
+		require.Error(t, err)
+		fe := framework.ToError(err)
+		require.Equal(t, framework.CodeUnavailable, fe.Code, "%v", err)
+		require.Contains(t, fe.Message, word, "%v", err)
+		require.NotContains(t, fe.Message, "database unavailable")
+	}
 	b.place(t, "t1", "after")
 }
 

@@ -537,8 +537,11 @@ func unavailableIfLost(ctx context.Context, c *pgx.Conn, err error) error {
 		return err
 	}
 	msg := "database unavailable"
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
-		msg = statementContextEndedMessage
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		msg = statementDeadlineMessage
+	case errors.Is(err, context.Canceled):
+		msg = statementCancelledMessage
 	}
 	if be, ok := errors.AsType[*BatchError](err); ok {
 		// ToError reads a *BatchError first, wherever it sits in the
@@ -548,10 +551,14 @@ func unavailableIfLost(ctx context.Context, c *pgx.Conn, err error) error {
 	return &Error{Code: CodeUnavailable, Message: msg, Err: err}
 }
 
-// statementContextEndedMessage answers a transaction whose statement the
-// handler bounded with a context of its own that ended first: the driver
+// statementDeadlineMessage and statementCancelledMessage answer a
+// transaction whose statement ran on a context of the handler's own that
+// ended first (its deadline, or the handler cancelled it): the driver
 // closed the connection, so nothing was committed.
-const statementContextEndedMessage = "a database statement ran past its handler's deadline; nothing was committed"
+const (
+	statementDeadlineMessage  = "a database statement ran past its handler's deadline; nothing was committed"
+	statementCancelledMessage = "a database statement was cancelled by its handler; nothing was committed"
+)
 
 // connectionLost reports whether err, which a statement on c failed with,
 // means that the connection is gone (see unavailableIfLost) rather than
