@@ -158,23 +158,8 @@ func jobsEventually(t *testing.T, what string, cond func() bool) {
 // admin API, scoped to the caller's tenant.
 func TestJobsAllInOne(t *testing.T) {
 	t.Parallel()
-	db := kumikotest.NewDB(t)
-	rds := jobstest.StartRedis(t)
 	var healthy atomic.Bool
-	app, err := entrypoint.New(context.Background(), entrypoint.Options{
-		Config: jobsConfig(t, "all-in-one", db.URL, rds.URL), Register: jobsTestFeature(&healthy), InstanceID: "jobs-all-in-one",
-	})
-	require.NoError(t, err)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	base := "http://" + ln.Addr().String()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- app.Serve(ctx, ln) }()
-	defer func() {
-		cancel()
-		require.NoError(t, <-done)
-	}()
+	app, base := serveJobsApp(t, "jobs-all-in-one", &healthy)
 	ring := keyring(t)
 	acme := jobsToken(t, ring, "acme")
 

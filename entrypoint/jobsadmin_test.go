@@ -15,15 +15,15 @@ import (
 	"github.com/kumiko-go/kumiko/framework/kumikotest"
 )
 
-// serveJobsAdmin serves an all-in-one app with the jobs admin API and
-// returns its base URL and an admin token of tenant acme.
-func serveJobsAdmin(t *testing.T) (base, admin string) {
+// serveJobsApp serves an all-in-one app with the sample features and the
+// ops-test job (healthy: whether its runs succeed) until the test ends,
+// and returns it with its base URL.
+func serveJobsApp(t *testing.T, instance string, healthy *atomic.Bool) (*entrypoint.App, string) {
 	t.Helper()
 	db := kumikotest.NewDB(t)
 	rds := jobstest.StartRedis(t)
-	var healthy atomic.Bool
 	app, err := entrypoint.New(context.Background(), entrypoint.Options{
-		Config: jobsConfig(t, "all-in-one", db.URL, rds.URL), Register: jobsTestFeature(&healthy), InstanceID: "jobs-admin-input",
+		Config: jobsConfig(t, "all-in-one", db.URL, rds.URL), Register: jobsTestFeature(healthy), InstanceID: instance,
 	})
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -35,7 +35,16 @@ func serveJobsAdmin(t *testing.T) (base, admin string) {
 		cancel()
 		require.NoError(t, <-done)
 	})
-	return "http://" + ln.Addr().String(), jobsToken(t, keyring(t), "acme", "admin")
+	return app, "http://" + ln.Addr().String()
+}
+
+// serveJobsAdmin serves an all-in-one app with the jobs admin API and
+// returns its base URL and an admin token of tenant acme.
+func serveJobsAdmin(t *testing.T) (base, admin string) {
+	t.Helper()
+	var healthy atomic.Bool
+	_, base = serveJobsApp(t, "jobs-admin-input", &healthy)
+	return base, jobsToken(t, keyring(t), "acme", "admin")
 }
 
 // TestJobsAdminBadInput: the jobs admin API's answers to bad input.

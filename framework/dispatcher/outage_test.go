@@ -1,7 +1,6 @@
 package dispatcher_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"net"
@@ -16,25 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kumiko-go/kumiko/framework/dispatcher"
+	"github.com/kumiko-go/kumiko/internal/proctest"
 )
-
-// syncBuffer is a bytes.Buffer safe for the dispatcher's goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.String()
-}
 
 // A pass that fails because the database is out of reach (here every new
 // connection is refused and the open ones were ended, as in a restart) is
@@ -106,7 +88,7 @@ func testOutageIsAWarning(t *testing.T, down func(cc *pgx.ConnConfig)) {
 	require.NoError(t, err)
 	defer pool.Close()
 
-	var logs syncBuffer
+	var logs proctest.Buffer
 	d, err := dispatcher.New(pool, b.reg, dispatcher.ProjectionConsumers(b.reg, nil), &dispatcher.Config{
 		InstanceID: "outage", PollInterval: 20 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
