@@ -1,10 +1,14 @@
 package sse_test
 
 import (
+	"context"
+	"io"
 	"net/http"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/kumiko-go/kumiko/framework/sse"
 )
 
 // TestRepeatedLastEventIDIsRefused: ?lastEventId=a&lastEventId=b is 400
@@ -42,4 +46,28 @@ func TestEmptyFilterListIsRefused(t *testing.T) {
 		code, body := b.status(t, request{tenant: "acme", query: q})
 		require.Equal(t, http.StatusOK, code, "%s: %s", q, body)
 	}
+}
+
+// TestRepeatedLastEventIDHeaderIsRefused: two Last-Event-ID headers are a
+// 400 naming the header, as two lastEventId parameters are, not a resume
+// from whichever came first.
+func TestRepeatedLastEventIDHeaderIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	b.note(t, "acme", "memo", 1, "")
+	b.note(t, "acme", "memo", 2, "")
+	log := b.logOf(t, "acme")
+	require.Len(t, log, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	req := b.newRequest(t, ctx, request{tenant: "acme", lastID: log[0]})
+	req.Header.Add(sse.HeaderLastEventID, log[1])
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusBadRequest, resp.StatusCode, "the stream resumed")
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Contains(t, string(body), `"code":"bad_request"`)
+	require.Contains(t, string(body), "Last-Event-ID")
 }

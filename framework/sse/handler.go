@@ -57,6 +57,11 @@ func (h *Hub) Serve(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	if n := len(req.Header.Values(HeaderLastEventID)); n > 1 {
+		return &framework.Error{Code: framework.CodeBadRequest,
+			Message: fmt.Sprintf("the %s header is given %d times; send it once", HeaderLastEventID, n),
+			Details: map[string]any{"header": HeaderLastEventID}}
+	}
 	var after eventstore.Cursor
 	resume := false
 	if id := cmpOr(req.Header.Get(HeaderLastEventID), queryID); id != "" {
