@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/golang-jwt/jwt/v5"
 	lru "github.com/hashicorp/golang-lru/v2"
@@ -49,10 +50,11 @@ type Key struct {
 
 // Principal is the authenticated caller.
 type Principal struct {
-	// UserID is the token's `sub` claim. Never empty for a verified token.
+	// UserID is the token's `sub` claim. Never empty and without U+FFFD
+	// for a verified token.
 	UserID string
-	// TenantID is the token's `tenantId` claim. Never empty, and never
-	// [ReservedTenantID], for a verified token.
+	// TenantID is the token's `tenantId` claim. Never empty, never
+	// [ReservedTenantID] and without U+FFFD, for a verified token.
 	TenantID string
 	// Roles is the token's `roles` claim; nil when the token has none.
 	Roles []string
@@ -151,8 +153,9 @@ func NewKeyring(keys []Key) (*Keyring, error) {
 // Mint returns an HS256 token for p signed with the first key, whose ID, when
 // non-empty, goes into the header as `kid`. The token carries sub, tenantId,
 // roles (always an array), iat (now) and exp (now + ttl); a ttl <= 0 means
-// one hour. It returns an error when p has no UserID or TenantID, or when
-// its TenantID is [ReservedTenantID], since such a token could never verify.
+// one hour. It returns an error when p has no UserID or TenantID, when its
+// TenantID is [ReservedTenantID], or when either holds U+FFFD or bytes that
+// are not UTF-8, since such a token could never verify.
 func (k *Keyring) Mint(p Principal, ttl time.Duration) (string, error) {
 	switch {
 	case p.UserID == "":
@@ -161,6 +164,8 @@ func (k *Keyring) Mint(p Principal, ttl time.Duration) (string, error) {
 		return "", errors.New("auth: mint: empty tenant id")
 	case p.TenantID == ReservedTenantID:
 		return "", fmt.Errorf("auth: mint: tenant %q is reserved", ReservedTenantID)
+	case strings.ContainsRune(p.UserID, utf8.RuneError), strings.ContainsRune(p.TenantID, utf8.RuneError):
+		return "", errors.New("auth: mint: user or tenant id holds U+FFFD or bytes that are not UTF-8")
 	}
 	if ttl <= 0 {
 		ttl = defaultTTL
@@ -194,8 +199,10 @@ func (k *Keyring) Mint(p Principal, ttl time.Duration) (string, error) {
 // header's `kid`, when present, selects the key (an unknown kid fails);
 // otherwise the first key is used. exp is required; exp, nbf and iat are
 // checked with 30 seconds of leeway. sub and tenantId must be non-empty
-// strings, tenantId must not be [ReservedTenantID], and roles, when present,
-// must be an array of strings. A payload that holds one of these claims or
+// strings without U+FFFD (the decoder's stand-in for a lone surrogate
+// escape or a byte that is not UTF-8, which would make several spellings
+// one tenant), tenantId must not be [ReservedTenantID], and roles, when
+// present, must be an array of strings. A payload that holds one of these claims or
 // of the registered ones twice, also in another case (say "tenantid" beside
 // "tenantId"), fails: the JSON decoder would take the last of them, other
 // readers of the token maybe another. Every failure wraps [ErrUnauthorized].
@@ -232,6 +239,10 @@ func (k *Keyring) VerifyUntil(token string) (Principal, time.Time, error) {
 		return Principal{}, time.Time{}, fmt.Errorf("%w: missing tenantId", ErrUnauthorized)
 	case c.TenantID == ReservedTenantID:
 		return Principal{}, time.Time{}, fmt.Errorf("%w: tenant %q is reserved", ErrUnauthorized, ReservedTenantID)
+	case strings.ContainsRune(c.Subject, utf8.RuneError):
+		return Principal{}, time.Time{}, fmt.Errorf("%w: sub %s", ErrUnauthorized, replacedMessage)
+	case strings.ContainsRune(c.TenantID, utf8.RuneError):
+		return Principal{}, time.Time{}, fmt.Errorf("%w: tenantId %s", ErrUnauthorized, replacedMessage)
 	}
 	p := Principal{UserID: c.Subject, TenantID: c.TenantID}
 	if len(c.Roles) > 0 {
@@ -242,6 +253,13 @@ func (k *Keyring) VerifyUntil(token string) (Principal, time.Time, error) {
 	k.verified.Add(token, verifiedToken{p: p.clone(), notAfter: notAfter})
 	return p, notAfter, nil
 }
+
+// replacedMessage says why a sub or tenantId holding U+FFFD fails: the JSON
+// decoder puts U+FFFD for every lone UTF-16 surrogate escape ("\ud800") and
+// every byte that is not UTF-8, so "shop\ud800" and "shop\udfff" (two
+// tenants to an issuer whose strings keep lone surrogates, as JavaScript's
+// do) would both be the tenant "shop\uFFFD" here and share its rows.
+const replacedMessage = "holds U+FFFD (a lone surrogate escape or bytes that are not UTF-8 decode to it), so several spellings would name one caller"
 
 // readClaims are the payload's claims Verify reads, spelled exactly.
 var readClaims = []string{"sub", "tenantId", "roles", "exp", "nbf", "iat", "iss", "aud", "jti"}

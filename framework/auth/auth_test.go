@@ -112,6 +112,8 @@ func TestMintRejectsInvalidPrincipal(t *testing.T) {
 		"no user":         {TenantID: "t"},
 		"no tenant":       {UserID: "u"},
 		"reserved tenant": {UserID: "u", TenantID: auth.ReservedTenantID},
+		"U+FFFD tenant":   {UserID: "u", TenantID: "shop\ufffd"},
+		"non-UTF-8 user":  {UserID: "u\xff", TenantID: "t"},
 	} {
 		_, err := kr.Mint(p, time.Minute)
 		require.Error(t, err, name)
