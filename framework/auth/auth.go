@@ -51,10 +51,10 @@ type Key struct {
 // Principal is the authenticated caller.
 type Principal struct {
 	// UserID is the token's `sub` claim. Never empty and without U+FFFD
-	// for a verified token.
+	// or NUL for a verified token.
 	UserID string
 	// TenantID is the token's `tenantId` claim. Never empty, never
-	// [ReservedTenantID] and without U+FFFD, for a verified token.
+	// [ReservedTenantID] and without U+FFFD or NUL, for a verified token.
 	TenantID string
 	// Roles is the token's `roles` claim; nil when the token has none.
 	Roles []string
@@ -154,8 +154,8 @@ func NewKeyring(keys []Key) (*Keyring, error) {
 // non-empty, goes into the header as `kid`. The token carries sub, tenantId,
 // roles (always an array), iat (now) and exp (now + ttl); a ttl <= 0 means
 // one hour. It returns an error when p has no UserID or TenantID, when its
-// TenantID is [ReservedTenantID], or when either holds U+FFFD or bytes that
-// are not UTF-8, since such a token could never verify.
+// TenantID is [ReservedTenantID], or when either holds U+FFFD, bytes that
+// are not UTF-8 or a NUL, since such a token could never verify.
 func (k *Keyring) Mint(p Principal, ttl time.Duration) (string, error) {
 	switch {
 	case p.UserID == "":
@@ -166,6 +166,8 @@ func (k *Keyring) Mint(p Principal, ttl time.Duration) (string, error) {
 		return "", fmt.Errorf("auth: mint: tenant %q is reserved", ReservedTenantID)
 	case strings.ContainsRune(p.UserID, utf8.RuneError), strings.ContainsRune(p.TenantID, utf8.RuneError):
 		return "", errors.New("auth: mint: user or tenant id holds U+FFFD or bytes that are not UTF-8")
+	case strings.ContainsRune(p.UserID, 0), strings.ContainsRune(p.TenantID, 0):
+		return "", errors.New("auth: mint: user or tenant id holds a NUL")
 	}
 	if ttl <= 0 {
 		ttl = defaultTTL
@@ -201,7 +203,7 @@ func (k *Keyring) Mint(p Principal, ttl time.Duration) (string, error) {
 // checked with 30 seconds of leeway. sub and tenantId must be non-empty
 // strings without U+FFFD (the decoder's stand-in for a lone surrogate
 // escape or a byte that is not UTF-8, which would make several spellings
-// one tenant), tenantId must not be [ReservedTenantID], and roles, when
+// one tenant) and without NUL (which Postgres cannot store), tenantId must not be [ReservedTenantID], and roles, when
 // present, must be an array of strings. A payload that holds one of these claims or
 // of the registered ones twice, also in another case (say "tenantid" beside
 // "tenantId"), fails: the JSON decoder would take the last of them, other
@@ -243,6 +245,8 @@ func (k *Keyring) VerifyUntil(token string) (Principal, time.Time, error) {
 		return Principal{}, time.Time{}, fmt.Errorf("%w: sub %s", ErrUnauthorized, replacedMessage)
 	case strings.ContainsRune(c.TenantID, utf8.RuneError):
 		return Principal{}, time.Time{}, fmt.Errorf("%w: tenantId %s", ErrUnauthorized, replacedMessage)
+	case strings.ContainsRune(c.Subject, 0), strings.ContainsRune(c.TenantID, 0):
+		return Principal{}, time.Time{}, fmt.Errorf("%w: sub or tenantId holds a NUL, which Postgres cannot store", ErrUnauthorized)
 	}
 	p := Principal{UserID: c.Subject, TenantID: c.TenantID}
 	if len(c.Roles) > 0 {

@@ -114,6 +114,7 @@ func TestMintRejectsInvalidPrincipal(t *testing.T) {
 		"reserved tenant": {UserID: "u", TenantID: auth.ReservedTenantID},
 		"U+FFFD tenant":   {UserID: "u", TenantID: "shop\ufffd"},
 		"non-UTF-8 user":  {UserID: "u\xff", TenantID: "t"},
+		"NUL tenant":      {UserID: "u", TenantID: "t\x00"},
 	} {
 		_, err := kr.Mint(p, time.Minute)
 		require.Error(t, err, name)

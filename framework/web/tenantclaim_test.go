@@ -58,3 +58,18 @@ func TestTenantClaimsThatDecodeAlike(t *testing.T) {
 	res = b.post(t, "/api/query", tokenOf("u", `caf\u00e9-\u65e5\u672c`), map[string]any{"type": "orders:query:list", "payload": map[string]any{}})
 	require.Equal(t, http.StatusOK, res.status, "%s", res.body)
 }
+
+// TestTenantClaimWithNUL: Postgres cannot store a NUL, so a token whose
+// tenantId or sub holds one ("\u0000") can never scope a transaction or
+// record its user; it is 401, not a 500 internal error on every request.
+func TestTenantClaimWithNUL(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	iat, exp := time.Now().Add(-time.Minute).Unix(), time.Now().Add(time.Hour).Unix()
+	for _, c := range []struct{ sub, tenant string }{{"u", `shop\u0000`}, {`u\u0000`, "shop"}} {
+		tok := signedPayload(secret, fmt.Sprintf(`{"sub":"%s","tenantId":"%s","roles":[],"iat":%d,"exp":%d}`, c.sub, c.tenant, iat, exp))
+		res := b.post(t, "/api/write", tok, placeBody(map[string]any{"customer": "A"}))
+		res.requireError(t, http.StatusUnauthorized, "unauthorized")
+	}
+	b.requireRows(t, 0, 0)
+}
