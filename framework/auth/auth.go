@@ -203,11 +203,12 @@ func (k *Keyring) Mint(p Principal, ttl time.Duration) (string, error) {
 // checked with 30 seconds of leeway. sub and tenantId must be non-empty
 // strings without U+FFFD (the decoder's stand-in for a lone surrogate
 // escape or a byte that is not UTF-8, which would make several spellings
-// one tenant) and without NUL (which Postgres cannot store), tenantId must not be [ReservedTenantID], and roles, when
-// present, must be an array of strings. A payload that holds one of these claims or
-// of the registered ones twice, also in another case (say "tenantid" beside
-// "tenantId"), fails: the JSON decoder would take the last of them, other
-// readers of the token maybe another. Every failure wraps [ErrUnauthorized].
+// one tenant) and without NUL (which Postgres cannot store), tenantId must
+// not be [ReservedTenantID], and roles, when present, must be an array of
+// strings. A payload that holds one of these claims or of the registered
+// ones twice, also in another case (say "tenantid" beside "tenantId"),
+// fails: the JSON decoder would take the last of them, other readers of the
+// token maybe another. Every failure wraps [ErrUnauthorized].
 func (k *Keyring) Verify(token string) (Principal, error) {
 	p, _, err := k.VerifyUntil(token)
 	return p, err
