@@ -12,6 +12,7 @@ import (
 
 	"github.com/kumiko-go/kumiko/cmd/kumiko/internal/cli"
 	"github.com/kumiko-go/kumiko/framework/auth"
+	"github.com/kumiko-go/kumiko/framework/kumikotest"
 	"github.com/kumiko-go/kumiko/internal/redistest"
 )
 
@@ -228,5 +229,50 @@ func TestBlankNamesAreRefused(t *testing.T) {
 		err := root.ExecuteContext(context.Background())
 		require.ErrorContains(t, err, tc.want, tc.args)
 		require.Empty(t, out.String(), tc.args)
+	}
+}
+
+// TestNumericFlagsAreDecimal: the numeric flags are read in base 10, as
+// their help and the README write them. pflag's own integer flags take Go's
+// base prefixes, so `--older-than-days 030` (a zero-padded number from a
+// script) pruned what was older than 24 days, `--older-than-days 08` failed
+// and `--to-position 0x10` rewound to position 16.
+func TestNumericFlagsAreDecimal(t *testing.T) {
+	db := kumikotest.NewDB(t)
+	t.Setenv("DATABASE_URL", db.URL)
+	t.Setenv("REDIS_URL", "redis://127.0.0.1:1/0") // never reached
+	run := func(args ...string) (string, error) {
+		root := cli.Root(nil, nil)
+		var out bytes.Buffer
+		root.SetOut(&out)
+		root.SetErr(io.Discard)
+		root.SetArgs(args)
+		err := root.ExecuteContext(context.Background())
+		return out.String(), err
+	}
+	out, err := run("consumer", "prune-dead-letters", "--older-than-days", "030")
+	require.NoError(t, err)
+	require.Equal(t, "deleted 0 dead letter(s) older than 30 days\n", out)
+	out, err = run("jobs", "prune-handled", "--older-than-days", "090")
+	require.NoError(t, err)
+	require.Equal(t, "deleted 0 HandledOnce claim(s) older than 90 days\n", out)
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		// In range only when read as octal (513, 4097): refused as the
+		// decimal numbers they are.
+		{[]string{"jobs", "list", "--limit", "01001"}, "--limit 1001 is not between 1 and 1000"},
+		{[]string{"projection", "rebuild", "orders:order-totals", "--batch-size", "010001"}, "--batch-size 10001 is not between 1 and 10000"},
+		{[]string{"consumer", "rewind", "orders:order-totals", "--to-position", "0x10"}, `invalid argument "0x10" for "--to-position" flag`},
+		{[]string{"events", "prune", "--older-than-days", "0x1e"}, `invalid argument "0x1e" for "--older-than-days" flag`},
+		{[]string{"consumer", "prune-dead-letters", "--older-than-days", "0b11"}, `invalid argument "0b11" for "--older-than-days" flag`},
+		{[]string{"jobs", "prune-handled", "--older-than-days", "0o36"}, `invalid argument "0o36" for "--older-than-days" flag`},
+		{[]string{"jobs", "prune-handled", "--older-than-days", "3_0"}, `invalid argument "3_0" for "--older-than-days" flag`},
+	} {
+		out, err := run(tc.args...)
+		require.ErrorContains(t, err, tc.want, tc.args)
+		require.Empty(t, out, tc.args)
 	}
 }

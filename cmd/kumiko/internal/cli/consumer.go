@@ -205,7 +205,7 @@ disabled. Consumers must be idempotent: replayed events are applied again.`,
 		},
 	}
 	cmd.Flags().StringVar(&instance, "instance", "", "instance id of a per-instance consumer (default: the shared row)")
-	cmd.Flags().Int64Var(&toPosition, "to-position", 0, "replay from the event with this position on (0: the start of the log)")
+	intFlag(cmd.Flags(), &toPosition, "to-position", 0, "replay from the event with this position on (0: the start of the log)")
 	cmd.Flags().StringVar(&toTime, "to-time", "", "replay the events created at or after this RFC 3339 time")
 	cmd.MarkFlagsMutuallyExclusive("to-position", "to-time")
 	cmd.MarkFlagsOneRequired("to-position", "to-time")
@@ -257,7 +257,7 @@ instances that are gone. The events stay in the log.`,
 			})
 		},
 	}
-	cmd.Flags().IntVar(&days, "older-than-days", 0, fmt.Sprintf("delete dead letters recorded more than N days ago (required, 1 to %d)", retention.MaxOlderThanDays))
+	intFlag(cmd.Flags(), &days, "older-than-days", 0, fmt.Sprintf("delete dead letters recorded more than N days ago (required, 1 to %d)", retention.MaxOlderThanDays))
 	return cmd
 }
 

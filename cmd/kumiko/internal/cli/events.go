@@ -100,7 +100,7 @@ what would be deleted and runs the same check.`,
 			return err
 		},
 	}
-	cmd.Flags().IntVar(&days, "older-than-days", 0, "delete events created more than N days ago (required, 1 to 1000000)")
+	intFlag(cmd.Flags(), &days, "older-than-days", 0, "delete events created more than N days ago (required, 1 to 1000000)")
 	cmd.Flags().StringVar(&types, "types", "", "comma-separated qualified event types (default: every pub/sub type)")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "count what would be deleted; delete nothing")
 	return cmd

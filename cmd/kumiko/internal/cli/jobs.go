@@ -134,7 +134,7 @@ func jobsListCmd() *cobra.Command {
 	cmd.Flags().StringVar(&state, "state", string(jobs.StateArchived), "archived, pending, active, scheduled, retry or completed")
 	cmd.Flags().StringVar(&lane, "lane", "", "api or worker (default: both)")
 	cmd.Flags().StringVar(&tenant, "tenant", "", "only this tenant's runs (default: all)")
-	cmd.Flags().IntVar(&limit, "limit", 50, "most runs listed (1..1000)")
+	intFlag(cmd.Flags(), &limit, "limit", 50, "most runs listed (1..1000)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }
@@ -195,7 +195,7 @@ operator may retry, for up to 90 days: prune with 90 days or more.`,
 			return nil
 		},
 	}
-	cmd.Flags().IntVar(&days, "older-than-days", 0, fmt.Sprintf("delete claims made more than N days ago (required, 1 to %d)", jobs.MaxHandledAgeDays))
+	intFlag(cmd.Flags(), &days, "older-than-days", 0, fmt.Sprintf("delete claims made more than N days ago (required, 1 to %d)", jobs.MaxHandledAgeDays))
 	return cmd
 }
 

@@ -98,7 +98,7 @@ NAME#rebuild behind; the next rebuild removes them and starts over, and
 			return nil
 		},
 	}
-	cmd.Flags().IntVar(&batch, "batch-size", 0, "events per rebuild pass, 1 to 10000 (default: the projection's batch size, else 500)")
+	intFlag(cmd.Flags(), &batch, "batch-size", 0, "events per rebuild pass, 1 to 10000 (default: the projection's batch size, else 500)")
 	cmd.Flags().BoolVar(&abandon, "abandon", false, "only remove what an interrupted rebuild left behind")
 	// --abandon rebuilds nothing, so a batch size beside it is a mistake.
 	cmd.MarkFlagsMutuallyExclusive("batch-size", "abandon")
