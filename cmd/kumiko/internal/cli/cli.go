@@ -55,6 +55,9 @@ func Root(register func(*framework.Registry, *config.Config), routes func(*web.S
 	}
 	root.AddCommand(serveCmd(register, routes), migrateCmd(), tokenCmd(),
 		consumerCmd(register), eventsCmd(register), projectionCmd(register), jobsCmd(register))
+	// cobra adds its completion group only when it executes: add it now,
+	// so that it refuses an unknown shell like the other groups.
+	root.InitDefaultCompletionCmd()
 	for _, c := range root.Commands() {
 		if c.HasSubCommands() && !c.Runnable() {
 			refuseUnknownVerbs(c)

@@ -32,6 +32,9 @@ func TestUnknownVerbFails(t *testing.T) {
 		{[]string{"consumer", "restrat", "orders:order-totals"}, `unknown command "restrat" for "kumiko consumer"`},
 		{[]string{"events", "purne"}, `unknown command "purne" for "kumiko events"`},
 		{[]string{"projection", "rebiuld", "orders:order-totals"}, `unknown command "rebiuld" for "kumiko projection"`},
+		// cobra's own group: `kumiko completion bassh > /etc/bash_completion.d/kumiko`
+		// wrote the group's help into the file and succeeded.
+		{[]string{"completion", "bassh"}, `unknown command "bassh" for "kumiko completion" (did you mean bash?)`},
 	} {
 		name := "kumiko " + strings.Join(tc.args, " ")
 		root := cli.Root(nil, nil)
@@ -46,7 +49,7 @@ func TestUnknownVerbFails(t *testing.T) {
 		require.Equal(t, 1, cli.Main(context.Background(), tc.args, nil, nil), name)
 	}
 
-	for _, group := range []string{"jobs", "consumer", "events", "projection"} {
+	for _, group := range []string{"jobs", "consumer", "events", "projection", "completion"} {
 		for _, args := range [][]string{{group}, {group, "help"}} {
 			root := cli.Root(nil, nil)
 			var out bytes.Buffer
