@@ -63,7 +63,45 @@ func Root(register func(*framework.Registry, *config.Config), routes func(*web.S
 			refuseUnknownVerbs(c)
 		}
 	}
+	refuseUnknownTopics(root)
 	return root
+}
+
+// refuseUnknownTopics makes `kumiko help TOPIC` fail on a topic the tree
+// does not have (`kumiko help consumr`): cobra's help command says
+// "Unknown help topic" and exits 0. Known topics show their help as
+// before.
+func refuseUnknownTopics(root *cobra.Command) {
+	root.InitDefaultHelpCmd()
+	for _, h := range root.Commands() {
+		if h.Name() != "help" || h.Run == nil {
+			continue
+		}
+		show := h.Run
+		h.Run = nil
+		h.RunE = func(cmd *cobra.Command, args []string) error {
+			found, rest, err := cmd.Root().Find(args)
+			if err == nil && len(rest) == 0 {
+				show(cmd, args)
+				return nil
+			}
+			msg := fmt.Sprintf("unknown help topic %q", strings.Join(args, " "))
+			if found != nil && len(rest) > 0 {
+				msg += didYouMean(found, rest[0])
+			}
+			return errors.New(msg)
+		}
+	}
+}
+
+// didYouMean returns " (did you mean a or b?)" with the subcommands of
+// cmd whose names are close to word, or "" when none is.
+func didYouMean(cmd *cobra.Command, word string) string {
+	s := cmd.SuggestionsFor(word)
+	if len(s) == 0 {
+		return ""
+	}
+	return " (did you mean " + strings.Join(s, " or ") + "?)"
 }
 
 // refuseUnknownVerbs makes a command group (`kumiko jobs`) fail on a verb
@@ -78,11 +116,7 @@ func refuseUnknownVerbs(group *cobra.Command) {
 		if len(args) == 0 || args[0] == "help" {
 			return cmd.Help()
 		}
-		msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
-		if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
-			msg += " (did you mean " + strings.Join(s, " or ") + "?)"
-		}
-		return errors.New(msg)
+		return fmt.Errorf("unknown command %q for %q%s", args[0], cmd.CommandPath(), didYouMean(cmd, args[0]))
 	}
 }
 

@@ -35,6 +35,9 @@ func TestUnknownVerbFails(t *testing.T) {
 		// cobra's own group: `kumiko completion bassh > /etc/bash_completion.d/kumiko`
 		// wrote the group's help into the file and succeeded.
 		{[]string{"completion", "bassh"}, `unknown command "bassh" for "kumiko completion" (did you mean bash?)`},
+		// `kumiko help` on a topic it does not have said so and exited 0.
+		{[]string{"help", "consumr"}, `unknown help topic "consumr" (did you mean consumer?)`},
+		{[]string{"help", "jobs", "lsit"}, `unknown help topic "jobs lsit"`},
 	} {
 		name := "kumiko " + strings.Join(tc.args, " ")
 		root := cli.Root(nil, nil)
@@ -58,6 +61,14 @@ func TestUnknownVerbFails(t *testing.T) {
 			require.NoError(t, root.ExecuteContext(context.Background()), args)
 			require.Contains(t, out.String(), "Available Commands:", args)
 		}
+	}
+	for _, args := range [][]string{{"help"}, {"help", "jobs"}, {"help", "jobs", "list"}} {
+		root := cli.Root(nil, nil)
+		var out bytes.Buffer
+		root.SetOut(&out)
+		root.SetArgs(args)
+		require.NoError(t, root.ExecuteContext(context.Background()), args)
+		require.Contains(t, out.String(), "Usage:", args)
 	}
 }
 
