@@ -259,7 +259,7 @@ func tokenCmd() *cobra.Command {
 	var tenant, user, roles string
 	var ttl time.Duration
 	cmd := &cobra.Command{
-		Use:   "token --tenant T --user U [--roles r1,r2] [--ttl 1h]",
+		Use:   "token --tenant T --user U [--roles r1,r2] [--ttl 24h]",
 		Short: "Print a development JWT signed with JWT_SECRET",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

@@ -290,3 +290,38 @@ func TestNumericFlagsAreDecimal(t *testing.T) {
 		require.Empty(t, out, tc.args)
 	}
 }
+
+// TestGroupSummariesListEveryVerb: a command group whose one-line summary
+// in `kumiko --help` lists its verbs in parentheses lists all of them
+// (`consumer` left out remove-instance), and `kumiko token`'s usage line
+// shows the lifetime it defaults to.
+func TestGroupSummariesListEveryVerb(t *testing.T) {
+	t.Parallel()
+	root := cli.Root(nil, nil)
+	listed := 0
+	for _, group := range root.Commands() {
+		open := strings.LastIndex(group.Short, "(")
+		if !group.HasSubCommands() || open < 0 || !strings.HasSuffix(group.Short, ")") {
+			continue
+		}
+		listed++
+		var verbs []string
+		for _, c := range group.Commands() {
+			if c.IsAvailableCommand() {
+				verbs = append(verbs, c.Name())
+			}
+		}
+		got := strings.Split(strings.TrimSuffix(group.Short[open+1:], ")"), ", ")
+		require.ElementsMatch(t, verbs, got, group.Name())
+	}
+	require.GreaterOrEqual(t, listed, 3, "consumer, events and projection list their verbs")
+
+	token, _, err := root.Find([]string{"token"})
+	require.NoError(t, err)
+	_, shown, ok := strings.Cut(token.Use, "[--ttl ")
+	require.True(t, ok, token.Use)
+	shown, _, _ = strings.Cut(shown, "]")
+	d, err := time.ParseDuration(shown)
+	require.NoError(t, err)
+	require.Equal(t, token.Flag("ttl").DefValue, d.String(), token.Use)
+}

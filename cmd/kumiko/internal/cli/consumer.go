@@ -28,7 +28,7 @@ func consumerCmd(register func(*framework.Registry, *config.Config)) *cobra.Comm
 	_ = register
 	cmd := &cobra.Command{
 		Use:   "consumer",
-		Short: "Inspect and operate event consumers (list, status, restart, skip, disable, enable, rewind, prune-dead-letters)",
+		Short: "Inspect and operate event consumers (list, status, restart, skip, disable, enable, rewind, remove-instance, prune-dead-letters)",
 		Long: `Inspect and operate the dispatcher's event consumers in DATABASE_URL.
 
 States: idle (delivering), processing (a pass runs now), dead (the same event
