@@ -58,8 +58,9 @@ type Options struct {
 	// archived; a negative value means never. Defaults to 10.
 	MaxRetries int
 	// Backoff returns the delay before the retry that follows the
-	// attempt-th failed run (attempt starts at 1). Defaults to
-	// [DefaultBackoff].
+	// attempt-th failed run (attempt starts at 1). The retry is due at the
+	// first whole second at or after it (asynq keeps due times in
+	// seconds). Defaults to [DefaultBackoff].
 	Backoff func(attempt int) time.Duration
 	// Timeout bounds one run; the run's context ends when it passes and the
 	// run counts as failed. A handler that has not returned a second

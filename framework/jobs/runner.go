@@ -295,12 +295,28 @@ func (r *Runner) listenTo(ctx context.Context, lane framework.RunIn, jobs []*Job
 }
 
 // retryDelay is asynq's RetryDelayFunc: the job's Backoff for the
-// (n+1)-th failed run.
+// (n+1)-th failed run, stretched to a whole second (see wholeSecondDelay).
 func (r *Runner) retryDelay(n int, _ error, t *asynq.Task) time.Duration {
+	backoff := DefaultBackoff
 	if j := r.set.Job(t.Type()); j != nil {
-		return j.opts.Backoff(n + 1)
+		backoff = j.opts.Backoff
 	}
-	return DefaultBackoff(n + 1)
+	return wholeSecondDelay(time.Now(), backoff(n+1))
+}
+
+// wholeSecondDelay returns the delay from now to the first whole second at
+// or after now+d. asynq keeps a retry's due time in whole seconds, cut
+// off (it adds the delay to its own, later, clock reading and stores the
+// Unix second), and runs the retry once that second has begun: a delay
+// handed over as it is came back up to a second early, so that a Backoff
+// of 600 ms retried at once and DefaultBackoff's first second ±20% could
+// be a tenth of it.
+func wholeSecondDelay(now time.Time, d time.Duration) time.Duration {
+	due := now.Add(max(d, 0))
+	if whole := due.Truncate(time.Second); !whole.Equal(due) {
+		due = whole.Add(time.Second)
+	}
+	return due.Sub(now)
 }
 
 // laneHandler routes a lane's tasks to their jobs by exact type. (asynq's
