@@ -47,6 +47,10 @@ type Context struct {
 	txSlots chan struct{}
 	// run is the run's id (its headerRun), the same in every attempt.
 	run string
+	// runCtx ends when the run does (its Timeout passed, its handler
+	// returned, the runner shut down): it bounds InTx whatever context the
+	// handler passes (nil: no bound).
+	runCtx context.Context
 }
 
 // children counts an attempt's unkeyed [Context.Dispatch] calls per job
@@ -76,9 +80,28 @@ func (c *children) next(job string) int {
 // and do not nest InTx calls. With [Config].MaxTransactions set, InTx
 // first waits (as long as ctx allows) until fewer runs than that are in
 // one.
+//
+// The transaction lives no longer than the run, whatever ctx is (also a
+// context.WithoutCancel one): once the run has ended (its Timeout passed
+// and the run failed, or its handler returned) InTx fails, and a
+// transaction still open then is rolled back. A handler abandoned after
+// its Timeout commits nothing behind its failed run, which is retried or
+// archived.
 func (c *Context) InTx(ctx context.Context, fn func(ctx context.Context, tx *framework.Tx) error) error {
 	if c.rt == nil {
 		return fmt.Errorf("jobs: %s: no runtime to open a transaction", c.Job)
+	}
+	if c.runCtx != nil {
+		if err := c.runCtx.Err(); err != nil {
+			return fmt.Errorf("jobs: %s: the run has ended: %w", c.Job, err)
+		}
+		var cancel context.CancelCauseFunc
+		ctx, cancel = context.WithCancelCause(ctx)
+		defer cancel(nil)
+		stop := context.AfterFunc(c.runCtx, func() {
+			cancel(fmt.Errorf("jobs: %s: the run has ended: %w", c.Job, c.runCtx.Err()))
+		})
+		defer stop()
 	}
 	if c.txSlots != nil {
 		select {

@@ -64,8 +64,9 @@ type Options struct {
 	Backoff func(attempt int) time.Duration
 	// Timeout bounds one run; the run's context ends when it passes and the
 	// run counts as failed. A handler that has not returned a second
-	// later is abandoned (left running in its goroutine). Defaults to 30
-	// minutes.
+	// later is abandoned (left running in its goroutine); its
+	// [Context.InTx] transactions roll back and fail from then on, whatever
+	// context they are given. Defaults to 30 minutes.
 	Timeout time.Duration
 	// Unique, when at least one second, makes an enqueue a no-op while
 	// another run of the same job with the same payload and tenant is

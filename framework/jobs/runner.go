@@ -427,6 +427,7 @@ func (r *Runner) bounded(ctx context.Context, j *Job, jc *Context, payload []byt
 	defer cancel()
 	snap := &Context{Job: jc.Job, TaskID: jc.TaskID, Lane: jc.Lane, UserID: jc.UserID, CorrelationID: jc.CorrelationID,
 		CausationID: jc.CausationID, Retry: jc.Retry, MaxRetry: jc.MaxRetry}
+	jc.runCtx = rctx
 	res := make(chan error, 1)
 	go func() {
 		defer func() {
