@@ -25,6 +25,7 @@ func TestRegistrationProblemsFailBuild(t *testing.T) {
 	jobs.OnEvent(f, "foreign-event", other, nil, noop[framework.Event[noted]])
 	jobs.Cron(f, "bad-cron", "61 * * * *", nil, noop[jobs.Tick])
 	jobs.Cron(f, "too-often", "@every 100ms", nil, noop[jobs.Tick])
+	jobs.Cron(f, "never", "0 0 30 2 *", nil, noop[jobs.Tick])
 	jobs.Manual[noted](f, "twice", nil, noop[noted])
 	jobs.Manual[noted](f, "twice", nil, noop[noted])
 	jobs.Manual[noted](f, "Not_Kebab", nil, noop[noted])
@@ -42,6 +43,7 @@ func TestRegistrationProblemsFailBuild(t *testing.T) {
 		"job shop:job:foreign-event is triggered by elsewhere:event:happened, which this registry never declared",
 		`job shop:job:bad-cron: cron spec "61 * * * *"`,
 		"@every 100ms is shorter than one second",
+		`job shop:job:never: cron spec "0 0 30 2 *": never fires: no such date`,
 		"job shop:job:twice registered twice",
 		`job name "Not_Kebab" of feature "shop" is not kebab-case`,
 		"job shop:job:nil-handler has a nil handler",
@@ -122,18 +124,22 @@ func TestRegistrationAfterBuildPanics(t *testing.T) {
 }
 
 // TestValidateCronSpec: ValidateCronSpec accepts what Cron accepts and
-// reports what Cron would report as a registration problem.
+// reports what Cron would report as a registration problem. A spec of a
+// date no month has (February 30) was accepted: the boot went on, and
+// every worker's scheduler logged once that it never fires and stopped.
 func TestValidateCronSpec(t *testing.T) {
 	t.Parallel()
 	for _, spec := range []string{"0 2 * * *", "*/1 * * * *", "@daily", "@every 2s", "CRON_TZ=Europe/Berlin 30 2 * * *"} {
 		require.NoError(t, jobs.ValidateCronSpec(spec), spec)
 	}
 	for spec, want := range map[string]string{
-		"61 * * * *":                  "end of range (61) above maximum (59)",
-		"@every 100ms":                "@every 100ms is shorter than one second",
-		"@every soon":                 "bad @every duration",
-		"CRON_TZ=Mars/Base 0 2 * * *": `bad time zone "Mars/Base"`,
-		"":                            "empty spec string",
+		"61 * * * *":                         "end of range (61) above maximum (59)",
+		"@every 100ms":                       "@every 100ms is shorter than one second",
+		"@every soon":                        "bad @every duration",
+		"CRON_TZ=Mars/Base 0 2 * * *":        `bad time zone "Mars/Base"`,
+		"":                                   "empty spec string",
+		"0 0 30 2 *":                         "never fires: no such date",
+		"CRON_TZ=Europe/Berlin 0 3 31 4,6 *": "never fires: no such date",
 	} {
 		err := jobs.ValidateCronSpec(spec)
 		require.Error(t, err, spec)

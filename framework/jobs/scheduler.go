@@ -2,6 +2,7 @@ package jobs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -30,7 +31,7 @@ var cronParser = cron.NewParser(cron.Minute | cron.Hour | cron.Dom | cron.Month 
 
 // ValidateCronSpec reports whether [Cron] accepts spec: it returns the
 // problem Cron would report at registration (a bad field, an @every shorter
-// than one second, an unknown CRON_TZ= zone), or nil. It lets a
+// than one second, an unknown CRON_TZ= zone, a date no month has), or nil. It lets a
 // configuration check a spec read from the environment at boot, before any
 // feature registers.
 func ValidateCronSpec(spec string) error {
@@ -64,12 +65,18 @@ func parseSchedule(spec string, loc *time.Location) (schedule, *time.Location, e
 		return nil, nil, fmt.Errorf("unsupported schedule %T", s)
 	}
 	ss.Location = loc
-	if !fixedTime(spec) {
-		return ss, loc, nil
+	var sched schedule = ss
+	if fixedTime(spec) {
+		onWall := *ss
+		onWall.Location = time.UTC
+		sched = wallSchedule{spec: &onWall, loc: loc}
 	}
-	onWall := *ss
-	onWall.Location = time.UTC
-	return wallSchedule{spec: &onWall, loc: loc}, loc, nil
+	// A spec of a date no month has (February 30, April 31) is valid
+	// syntax that never ticks: the job would never run.
+	if sched.Next(time.Now()).IsZero() {
+		return nil, nil, errors.New("never fires: no such date")
+	}
+	return sched, loc, nil
 }
 
 // cutZone splits a "CRON_TZ=<zone> " (or "TZ=<zone> ") prefix off spec and
