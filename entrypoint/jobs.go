@@ -210,6 +210,8 @@ func (a *App) mountJobsAdmin(s *web.Server) {
 		switch {
 		case errors.Is(err, jobs.ErrNotRetryable):
 			return &framework.Error{Code: framework.CodeConflict, Message: fmt.Sprintf("job run %s is %s; only archived, retry and scheduled runs can be retried", id, t.State), Err: err}
+		case errors.Is(err, jobs.ErrDuplicate):
+			return &framework.Error{Code: framework.CodeConflict, Message: fmt.Sprintf("job run %s is not retried: an equal run holds its Unique window", id), Err: err}
 		case errors.Is(err, jobs.ErrTaskNotFound):
 			return framework.Errorf(framework.CodeNotFound, "no job run %s in the %s lane", framework.Excerpt(id), lane)
 		case err != nil:

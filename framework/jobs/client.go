@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"strconv"
 	"time"
 
 	"github.com/google/uuid"
@@ -255,15 +256,20 @@ const (
 // *EnqueueError. dedup retains the completed run for the dedup window,
 // keeping its id taken.
 func (c *Client) enqueue(ctx context.Context, j *Job, w *wire, taskID string, headers map[string]string, dedup bool) (dup taken, err error) {
-	if dedup {
-		// The id is derived and can be taken again by a later run once
-		// asynq has dropped this one: the run id tells their children
-		// apart (see childTaskID).
+	if dedup || j.opts.Unique > 0 {
 		headers = maps.Clone(headers)
 		if headers == nil {
 			headers = map[string]string{}
 		}
+	}
+	if dedup {
+		// The id is derived and can be taken again by a later run once
+		// asynq has dropped this one: the run id tells their children
+		// apart (see childTaskID).
 		headers[headerRun] = uuid.Must(uuid.NewV7()).String()
+	}
+	if j.opts.Unique > 0 {
+		headers[headerUnique] = strconv.FormatInt(int64((j.opts.Unique+time.Second-1)/time.Second), 10)
 	}
 	task, err := newTask(j, w, headers)
 	if err != nil {

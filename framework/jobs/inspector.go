@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -77,13 +78,14 @@ type TaskInfo struct {
 // and the admin API.
 type Inspector struct {
 	in     *asynq.Inspector
+	rdb    redis.UniversalClient
 	prefix string
 }
 
 // NewInspector returns an inspector of the queues under prefix ("" means
 // [DefaultQueuePrefix]) on rdb, which it never closes.
 func NewInspector(rdb redis.UniversalClient, prefix string) *Inspector {
-	return &Inspector{in: asynq.NewInspectorFromRedisClient(rdb), prefix: cmp.Or(prefix, DefaultQueuePrefix)}
+	return &Inspector{in: asynq.NewInspectorFromRedisClient(rdb), rdb: rdb, prefix: cmp.Or(prefix, DefaultQueuePrefix)}
 }
 
 // ListOptions select runs for [Inspector.List]. A nil *ListOptions means
@@ -273,7 +275,10 @@ func (i *Inspector) Get(ctx context.Context, lane framework.RunIn, id string) (T
 // Retry puts an archived (or retry, or scheduled) run back on its queue to
 // run now and returns it as it was; lane "" searches both lanes. A missing
 // run is [ErrTaskNotFound], a pending, active or completed one
-// [ErrNotRetryable].
+// [ErrNotRetryable]. An archived run of a Unique job takes the job's
+// window again (its archiving freed it), so that equal dispatches are
+// duplicates while it waits and runs; when an equal run holds the window
+// meanwhile, the run is not retried and the error is [ErrDuplicate].
 func (i *Inspector) Retry(ctx context.Context, lane framework.RunIn, id string) (TaskInfo, error) {
 	t, err := i.Get(ctx, lane, id)
 	if err != nil {
@@ -284,13 +289,53 @@ func (i *Inspector) Retry(ctx context.Context, lane framework.RunIn, id string) 
 	default:
 		return t, fmt.Errorf("%w (%s is %s)", ErrNotRetryable, id, t.State)
 	}
+	var lock string
+	if t.State == StateArchived {
+		if lock, err = i.takeUnique(ctx, t.Queue, id); err != nil {
+			return t, err
+		}
+	}
 	if err := i.in.RunTask(t.Queue, id); err != nil {
+		if lock != "" {
+			_ = releaseUniqueScript.Run(context.WithoutCancel(ctx), i.rdb, []string{lock}, id).Err()
+		}
 		if errors.Is(err, asynq.ErrTaskNotFound) {
 			return t, fmt.Errorf("%w: %s", ErrTaskNotFound, id)
 		}
 		return t, fmt.Errorf("jobs: retry %s: %w", id, err)
 	}
 	return t, nil
+}
+
+// takeUnique takes the Unique window of the archived run id of queue for
+// it and returns the lock's key ("" when the run's job is not Unique, or
+// was enqueued before runs carried their window). An equal run holding
+// the window is [ErrDuplicate].
+func (i *Inspector) takeUnique(ctx context.Context, queue, id string) (string, error) {
+	ti, err := i.in.GetTaskInfo(queue, id)
+	if err != nil {
+		return "", fmt.Errorf("jobs: get %s: %w", id, err)
+	}
+	secs, _ := strconv.Atoi(ti.Headers[headerUnique])
+	if secs <= 0 {
+		return "", nil
+	}
+	// asynq records the lock's key in the task's hash.
+	key, err := i.rdb.HGet(ctx, taskKey(queue, id), "unique_key").Result()
+	switch {
+	case errors.Is(err, redis.Nil) || (err == nil && key == ""):
+		return "", nil
+	case err != nil:
+		return "", fmt.Errorf("jobs: retry %s: %w", id, err)
+	}
+	ok, err := i.rdb.SetNX(ctx, key, id, time.Duration(secs)*time.Second).Result()
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("jobs: retry %s: %w", id, err)
+	case !ok:
+		return "", fmt.Errorf("%w: an equal run of %s holds its Unique window", ErrDuplicate, ti.Type)
+	}
+	return key, nil
 }
 
 // Depth returns the runs waiting in a lane's queues: pending, scheduled and

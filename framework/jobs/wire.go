@@ -33,6 +33,10 @@ const (
 	// [Context.Dispatch] (see parentRun), so that a retry of that run can
 	// tell its earlier attempt's keyed child from another run's.
 	headerParent = "kumiko-parent-run"
+	// headerUnique carries a Unique job's window in whole seconds, so that
+	// [Inspector.Retry] can take the window again for an archived run
+	// (asynq keeps the lock's key with the task, not its length).
+	headerUnique = "kumiko-unique-seconds"
 )
 
 // wire is a task's payload: the tenant and the job's input. The ids travel
