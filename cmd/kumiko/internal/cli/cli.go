@@ -35,6 +35,11 @@ func Main(ctx context.Context, args []string, register func(*framework.Registry,
 	root.SetArgs(args)
 	if err := root.ExecuteContext(ctx); err != nil {
 		fmt.Fprintln(root.ErrOrStderr(), "kumiko:", err)
+		if ctx.Err() != nil {
+			// A signal (Ctrl-C, SIGTERM) ended ctx: the error above is
+			// its consequence, "context canceled" somewhere.
+			fmt.Fprintln(root.ErrOrStderr(), "kumiko: interrupted: the command stopped before it finished (what it had committed stays)")
+		}
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
 			fmt.Fprintln(root.ErrOrStderr(), "kumiko: the database lacks Kumiko's tables: is it migrated? run kumiko migrate")

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -324,4 +325,31 @@ func TestGroupSummariesListEveryVerb(t *testing.T) {
 	d, err := time.ParseDuration(shown)
 	require.NoError(t, err)
 	require.Equal(t, token.Flag("ttl").DefValue, d.String(), token.Use)
+}
+
+// TestInterruptedCommandSaysSo: a command that a signal stopped (ctx ended)
+// says that it was interrupted, after its error (a bare "context
+// canceled" otherwise); one that failed on its own does not.
+func TestInterruptedCommandSaysSo(t *testing.T) {
+	t.Setenv("DATABASE_URL", "postgres://postgres@127.0.0.1:1/none")
+	stderrOf := func(ctx context.Context) (int, string) {
+		r, w, err := os.Pipe()
+		require.NoError(t, err)
+		old := os.Stderr
+		os.Stderr = w
+		code := cli.Main(ctx, []string{"consumer", "list"}, nil, nil)
+		os.Stderr = old
+		require.NoError(t, w.Close())
+		out, err := io.ReadAll(r)
+		require.NoError(t, err)
+		return code, string(out)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	code, out := stderrOf(ctx)
+	require.Equal(t, 1, code)
+	require.Contains(t, out, "kumiko: interrupted")
+	code, out = stderrOf(context.Background())
+	require.Equal(t, 1, code)
+	require.NotContains(t, out, "interrupted", out)
 }
