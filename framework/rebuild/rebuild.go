@@ -190,8 +190,15 @@ WHERE c.oid = to_regclass($1)`
     + pg_stat_get_xact_tuples_deleted(c.oid) AS n
   FROM pg_class c WHERE c.relkind IN ('r', 'p') AND c.relnamespace <> 'pg_catalog'::regnamespace) w
 WHERE n > 0`
-	rebuildStateSQL = `SELECT status, attempts, coalesce(last_error, ''), failed_position, cursor_commit_key, cursor_position, events_processed
-FROM event_consumers WHERE name = $1 AND instance_id = $2`
+	// rebuildStateSQL reads the temporary consumer's state row, and whether
+	// visible events of its types lie after its cursor (a pass that skipped
+	// an event delivers less than a batch without reaching the end).
+	rebuildStateSQL = `SELECT status, attempts, coalesce(last_error, ''), failed_position, cursor_commit_key, cursor_position, events_processed,
+  EXISTS (SELECT 1 FROM events e
+    WHERE (e.commit_key, e.position) > (c.cursor_commit_key, c.cursor_position)
+      AND e.commit_key < pg_snapshot_xmin(pg_current_snapshot())
+      AND (c.event_types IS NULL OR e.type = ANY(c.event_types)))
+FROM event_consumers c WHERE name = $1 AND instance_id = $2`
 	passLockSQL = `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`
 	// takeOverSQL creates a live state row (the stored ones are deleted
 	// first) at the rebuild's cursor.
@@ -628,6 +635,9 @@ type consumerState struct {
 	failedAt  *int64
 	cursor    eventstore.Cursor
 	processed int64
+	// more is set when visible events of the consumer's types lie after
+	// the cursor.
+	more bool
 }
 
 func (r *run) state(ctx context.Context, db interface {
@@ -635,7 +645,7 @@ func (r *run) state(ctx context.Context, db interface {
 }) (consumerState, error) {
 	var st consumerState
 	err := db.QueryRow(ctx, rebuildStateSQL, r.consumer, dispatcher.SharedInstance).
-		Scan(&st.status, &st.attempts, &st.lastError, &st.failedAt, &st.cursor.CommitKey, &st.cursor.Position, &st.processed)
+		Scan(&st.status, &st.attempts, &st.lastError, &st.failedAt, &st.cursor.CommitKey, &st.cursor.Position, &st.processed, &st.more)
 	if err != nil {
 		return st, fmt.Errorf("rebuild: read state of %s: %w", r.consumer, err)
 	}
@@ -676,8 +686,10 @@ func (r *run) failed(st consumerState) error {
 }
 
 // catchUp runs passes of the temporary consumer until one comes back with
-// less than a full batch and no failure pending (the end of the visible
-// log), or maxPasses passes ran (0: no limit).
+// less than a full batch, no failure pending and no visible event left
+// after its cursor (the end of the visible log; a pass that skipped an
+// event of a SkipApplyErrors projection also delivers less than a batch),
+// or maxPasses passes ran (0: no limit).
 func (r *run) catchUp(ctx context.Context, d *dispatcher.Dispatcher, phase Phase, maxPasses int) error {
 	for passes := 0; maxPasses == 0 || passes < maxPasses; passes++ {
 		r.newPass = true
@@ -708,6 +720,7 @@ func (r *run) catchUp(ctx context.Context, d *dispatcher.Dispatcher, phase Phase
 				return ctx.Err()
 			case <-time.After(20 * time.Millisecond):
 			}
+		case st.more: // a pass that skipped an event; the log goes on
 		default:
 			return nil
 		}
