@@ -318,3 +318,24 @@ func TestMakefileEnvironmentMatchesConfig(t *testing.T) {
 	_, err = FromLookup(env(m))
 	require.NoError(t, err, "make run's environment is refused")
 }
+
+// The postgres image first runs a temporary server for its initialisation
+// that listens on the Unix socket only, then restarts. A pg_isready over
+// the socket calls that server healthy, releasing the migrate service into
+// a refused TCP connection on a fresh volume: the healthcheck must ask over
+// TCP, which only the real server answers.
+func TestDockerComposePostgresHealthcheckUsesTCP(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("../docker-compose.yml")
+	require.NoError(t, err)
+	var f composeFile
+	require.NoError(t, yaml.Unmarshal(b, &f))
+	pg, ok := f.Services["postgres"]
+	require.True(t, ok, "no postgres service")
+	require.NotNil(t, pg.Healthcheck, "postgres: no healthcheck")
+	test := pg.Healthcheck.Test
+	require.Contains(t, test, "pg_isready", "postgres: the healthcheck runs no pg_isready")
+	i := slices.IndexFunc(test, func(a string) bool { return a == "-h" || a == "--host" })
+	require.True(t, i >= 0 && i+1 < len(test), "postgres: pg_isready %q asks over the Unix socket; give -h 127.0.0.1", test)
+	require.NotNil(t, net.ParseIP(test[i+1]), "postgres: pg_isready -h %q is no TCP address", test[i+1])
+}
