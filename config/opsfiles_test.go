@@ -339,3 +339,22 @@ func TestDockerComposePostgresHealthcheckUsesTCP(t *testing.T) {
 	require.True(t, i >= 0 && i+1 < len(test), "postgres: pg_isready %q asks over the Unix socket; give -h 127.0.0.1", test)
 	require.NotNil(t, net.ParseIP(test[i+1]), "postgres: pg_isready -h %q is no TCP address", test[i+1])
 }
+
+// make services starts the compose services where a Docker engine runs.
+// Docker's proxy accepts on a published port as soon as the container
+// runs, before Postgres or Redis answer behind it, so a port probe passes
+// at once: make run's migrate then met a database still initialising.
+// Compose must wait for the services' healthchecks (--wait).
+func TestMakeServicesWaitsForHealthyServices(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("../Makefile")
+	require.NoError(t, err)
+	_, services, ok := strings.Cut(string(b), "\nservices:")
+	require.True(t, ok, "no services target")
+	services, _, _ = strings.Cut(services, "\n\n")
+	ups := regexp.MustCompile(`docker compose up[^;\n]*`).FindAllString(services, -1)
+	require.NotEmpty(t, ups, "make services starts no compose services")
+	for _, up := range ups {
+		require.Contains(t, strings.Fields(up), "--wait", "make services: %q returns before the services are healthy", up)
+	}
+}
