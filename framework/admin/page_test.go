@@ -4,6 +4,7 @@ import (
 	"context"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -99,4 +100,98 @@ func TestAdminPageShowsTheRefusalWithoutAdminRole(t *testing.T) {
 	rows, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll('#consumers tr').length`))
 	require.NoError(t, err)
 	require.Zero(t, rows)
+}
+
+// consoleProblems collects what the page writes to the console as errors
+// (exceptions, console.error, failed loads) from now on; allowed reports
+// whether one is expected. check fails t on the others.
+func consoleProblems(t *testing.T, ctx context.Context, allowed func(chromedp.ConsoleMessage) bool) (check func()) {
+	t.Helper()
+	var mu sync.Mutex
+	var bad []string
+	msgs := chromedp.Console(ctx)
+	go func() {
+		for m, err := range msgs {
+			if err != nil {
+				return
+			}
+			if (m.IsException() || m.Type == chromedp.ConsoleError) && !allowed(m) {
+				mu.Lock()
+				bad = append(bad, m.String())
+				mu.Unlock()
+			}
+		}
+	}()
+	return func() {
+		t.Helper()
+		mu.Lock()
+		defer mu.Unlock()
+		require.Empty(t, bad, "console errors")
+	}
+}
+
+// Every button of the page runs its verb on the row it sits in (shared and
+// per-instance rows alike), and a refusal (409: a button made stale by a
+// change elsewhere) shows the API's message until a verb succeeds. The
+// page writes no error to the console besides the refused request itself.
+func TestAdminPageButtonsRunVerbsAndShowRefusals(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := browser(t)
+	require.NoError(t, chromedp.Do(ctx)) // the tab, so that Console sees the first load
+	check := consoleProblems(t, ctx, func(m chromedp.ConsoleMessage) bool {
+		return m.Source == "network" && strings.Contains(m.Text, "409")
+	})
+	bg := context.Background()
+	click := func(name, verb, want string) {
+		t.Helper()
+		require.NoError(t, chromedp.Do(ctx,
+			chromedp.Click(chromedp.CSS(`tr[data-name="`+name+`"] button[data-verb="`+verb+`"]`)),
+			chromedp.WaitVisible(chromedp.CSS(`tr.`+want+`[data-name="`+name+`"]`)),
+		), "%s %s", verb, name)
+	}
+
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Navigate(b.url+"/admin#token="+b.token(t, "admin")),
+		chromedp.WaitVisible(chromedp.CSS(`tr.dead[data-name="adm:broken"] button[data-verb="skip"]`)),
+		chromedp.Evaluate[chromedp.Void](`window.confirm = () => true`),
+	))
+
+	// skip: past the poison event, into the dead letters.
+	click("adm:broken", "skip", "idle")
+	st, err := dispatcher.Status(bg, b.db.Pool, "adm:broken", "")
+	require.NoError(t, err)
+	require.Len(t, st.DeadLetters, 1)
+
+	// restart: the next event kills it again; the button retries it.
+	b.untilStatus(t, "adm:broken", "", dispatcher.StateDead)
+	require.NoError(t, chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(`tr.dead[data-name="adm:broken"]`))))
+	click("adm:broken", "restart", "idle")
+	st, err = dispatcher.Status(bg, b.db.Pool, "adm:broken", "")
+	require.NoError(t, err)
+	require.Equal(t, dispatcher.StateIdle, st.Status)
+	require.Zero(t, st.Attempts, "restart resets the attempts")
+
+	// A per-instance row: the verbs reach its instance, not the shared row.
+	click("adm:local", "disable", "disabled")
+	st, err = dispatcher.Status(bg, b.db.Pool, "adm:local", "pod-1")
+	require.NoError(t, err)
+	require.Equal(t, dispatcher.StateDisabled, st.Status)
+	click("adm:local", "enable", "idle")
+
+	// A refusal: disabled elsewhere, the row's disable button is stale
+	// until the next poll; clicking it shows the 409's message.
+	require.NoError(t, dispatcher.Disable(bg, b.db.Pool, "adm:healthy", ""))
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Click(chromedp.CSS(`tr.idle[data-name="adm:healthy"] button[data-verb="disable"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#error`)),
+	))
+	msg := tab{t, ctx}.text(`#error`)
+	require.Contains(t, msg, "disable adm:healthy: consumer adm:healthy is disabled; disable needs idle or dead")
+	// The refusal stays through the polls, until a verb succeeds.
+	require.NoError(t, chromedp.Do(ctx, chromedp.WaitVisible(chromedp.CSS(`tr.disabled[data-name="adm:healthy"]`))))
+	require.Equal(t, msg, tab{t, ctx}.text(`#error`))
+	click("adm:healthy", "enable", "idle")
+	require.NoError(t, chromedp.Do(ctx, chromedp.WaitNotVisible(chromedp.CSS(`#error`))))
+	check()
 }
