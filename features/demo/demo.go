@@ -37,6 +37,6 @@ func serve(c echo.Context) error {
 	h := c.Response().Header()
 	h.Set(echo.HeaderCacheControl, "no-cache")
 	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; frame-ancestors 'none'")
+	h.Set("Content-Security-Policy", "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'")
 	return c.Blob(http.StatusOK, echo.MIMETextHTMLCharsetUTF8, page)
 }
