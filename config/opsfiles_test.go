@@ -7,12 +7,15 @@ import (
 	"reflect"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/kumiko-go/kumiko/framework/web"
 )
 
 // The files an operator touches first (README, docker-compose.yml,
@@ -357,4 +360,29 @@ func TestMakeServicesWaitsForHealthyServices(t *testing.T) {
 	for _, up := range ups {
 		require.Contains(t, strings.Fields(up), "--wait", "make services: %q returns before the services are healthy", up)
 	}
+}
+
+// The load balancer lets every body the API accepts through, and a little
+// more: nginx's default client_max_body_size (1 MiB) equals the API's
+// limit, so a larger body got nginx's HTML 413 instead of the API's JSON
+// payload_too_large.
+func TestDockerComposeLoadBalancerLeavesBodyLimitsToTheAPI(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("../docker-compose.yml")
+	require.NoError(t, err)
+	var f composeFile
+	require.NoError(t, yaml.Unmarshal(b, &f))
+	lb, ok := f.Configs["lb"]
+	require.True(t, ok, "no lb config")
+	m := regexp.MustCompile(`(?m)^\s*client_max_body_size\s+(\d+)([kKmM]?);`).FindStringSubmatch(lb.Content)
+	require.NotNil(t, m, "the lb config sets no client_max_body_size: nginx's default (1m) answers 413 in HTML before the API")
+	n, err := strconv.ParseInt(m[1], 10, 64)
+	require.NoError(t, err)
+	switch strings.ToLower(m[2]) {
+	case "k":
+		n <<= 10
+	case "m":
+		n <<= 20
+	}
+	require.Greater(t, n, web.DefaultBodyLimit, "client_max_body_size must exceed the API's body limit")
 }
