@@ -56,7 +56,8 @@
 // # Slow clients
 //
 // Each client has a bounded buffer (Config.Buffer frames). When an event
-// finds it full, or a write blocks for Config.WriteTimeout, the client is
+// finds it full, or 32 KB of a write do not go out within
+// Config.WriteTimeout (the client stopped reading), the client is
 // disconnected at once; it reconnects with its last id and catches up by
 // replay. One goroutine of the hub fans the events out, a batch at a time
 // (whatever accumulated while it delivered the previous one), and never

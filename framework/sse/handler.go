@@ -307,22 +307,24 @@ type stream struct {
 	expires time.Time
 }
 
-// write sends the parts and flushes, bounded by WriteTimeout. The parts go
-// straight into the connection's own buffer (no copy per client). After
-// Close it writes nothing and returns ErrClosed; a write in progress when
-// the hub closes is cut (see [Hub.Close]). A write that timed out drops the
-// client (counted); any other failure (the client left, or Close cut it)
-// just ends the stream.
+// writeChunk is the most bytes of a write one WriteTimeout covers: a
+// client that reads, however slowly, takes each chunk in time, while one
+// that stopped reading is cut off WriteTimeout after its buffers filled. A
+// deadline for a whole write (a replay page, or a queue of live frames:
+// megabytes) would drop a client that reads steadily but slower than that.
+const writeChunk = 32 << 10
+
+// write sends the parts and flushes, each writeChunk bytes bounded by
+// WriteTimeout. The parts go straight into the connection's own buffer (no
+// copy per client). After Close it writes nothing and returns ErrClosed; a
+// write in progress when the hub closes is cut (see [Hub.Close]). A write
+// that timed out drops the client (counted); any other failure (the client
+// left, or Close cut it) just ends the stream.
 func (s *stream) write(parts ...[]byte) error {
 	if err := s.begin(); err != nil {
 		return err
 	}
-	var err error
-	for _, p := range parts {
-		if _, err = s.w.Write(p); err != nil {
-			break
-		}
-	}
+	err := s.writeChunks(parts)
 	if err == nil {
 		err = s.rc.Flush()
 	}
@@ -356,6 +358,44 @@ func (s *stream) begin() error {
 	s.sub.writing = true
 	_ = s.rc.SetWriteDeadline(time.Now().Add(s.h.cfg.WriteTimeout))
 	return nil
+}
+
+// writeChunks writes parts, renewing the write deadline after every
+// writeChunk bytes the connection took.
+func (s *stream) writeChunks(parts [][]byte) error {
+	budget := writeChunk
+	for _, p := range parts {
+		for len(p) > 0 {
+			if budget == 0 {
+				if err := s.renew(); err != nil {
+					return err
+				}
+				budget = writeChunk
+			}
+			k := min(len(p), budget)
+			if _, err := s.w.Write(p[:k]); err != nil {
+				return err
+			}
+			p, budget = p[k:], budget-k
+		}
+	}
+	return nil
+}
+
+// renew gives a write in progress, which made progress, a fresh deadline,
+// unless the client was dropped or the hub closed meanwhile: the deadline
+// in the past that cut it must stay (see subscriber.wmu).
+func (s *stream) renew() error {
+	s.sub.wmu.Lock()
+	defer s.sub.wmu.Unlock()
+	select {
+	case <-s.sub.gone:
+		return errWrite
+	case <-s.h.done:
+		return ErrClosed
+	default:
+	}
+	return s.rc.SetWriteDeadline(time.Now().Add(s.h.cfg.WriteTimeout))
 }
 
 // live streams the hub's frames until the client goes away, is dropped,

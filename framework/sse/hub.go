@@ -43,8 +43,10 @@ type Config struct {
 	// Retry is the reconnection delay the stream asks clients to use (the
 	// `retry:` field). Defaults to 2s.
 	Retry time.Duration
-	// WriteTimeout bounds one write to a client; a client that does not
-	// read for this long is disconnected. Defaults to 10s.
+	// WriteTimeout bounds each 32 KB of a write to a client: a client that
+	// takes nothing for this long (it stopped reading, and the sockets'
+	// buffers are full) is disconnected, one that reads slowly is not.
+	// Defaults to 10s.
 	WriteTimeout time.Duration
 	// ReplayBatch is the number of events one replay query reads.
 	// Defaults to 500.
