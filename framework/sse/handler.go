@@ -345,7 +345,12 @@ func (s *stream) write(parts ...[]byte) error {
 // begin starts a write: it fails when the client was dropped or the hub
 // closed, and otherwise marks the subscriber as writing and sets the write's
 // deadline, both before a drop or Close can look (see subscriber.wmu).
-func (s *stream) begin() error {
+func (s *stream) begin() error { return s.arm(true) }
+
+// arm sets a fresh write deadline, unless the client was dropped or the hub
+// closed (the deadline in the past that cut the write must stay, see
+// subscriber.wmu); start also marks the subscriber as writing.
+func (s *stream) arm(start bool) error {
 	s.sub.wmu.Lock()
 	defer s.sub.wmu.Unlock()
 	select {
@@ -355,7 +360,11 @@ func (s *stream) begin() error {
 		return ErrClosed
 	default:
 	}
-	s.sub.writing = true
+	if start {
+		s.sub.writing = true
+	}
+	// net/http's connections support deadlines; a writer that does not
+	// just writes without one.
 	_ = s.rc.SetWriteDeadline(time.Now().Add(s.h.cfg.WriteTimeout))
 	return nil
 }
@@ -367,7 +376,8 @@ func (s *stream) writeChunks(parts [][]byte) error {
 	for _, p := range parts {
 		for len(p) > 0 {
 			if budget == 0 {
-				if err := s.renew(); err != nil {
+				// The write made progress: a fresh deadline for the next chunk.
+				if err := s.arm(false); err != nil {
 					return err
 				}
 				budget = writeChunk
@@ -380,22 +390,6 @@ func (s *stream) writeChunks(parts [][]byte) error {
 		}
 	}
 	return nil
-}
-
-// renew gives a write in progress, which made progress, a fresh deadline,
-// unless the client was dropped or the hub closed meanwhile: the deadline
-// in the past that cut it must stay (see subscriber.wmu).
-func (s *stream) renew() error {
-	s.sub.wmu.Lock()
-	defer s.sub.wmu.Unlock()
-	select {
-	case <-s.sub.gone:
-		return errWrite
-	case <-s.h.done:
-		return ErrClosed
-	default:
-	}
-	return s.rc.SetWriteDeadline(time.Now().Add(s.h.cfg.WriteTimeout))
 }
 
 // live streams the hub's frames until the client goes away, is dropped,
