@@ -80,15 +80,7 @@ func TestJobsListRefusesALimitOutOfRange(t *testing.T) {
 	srv := redistest.Start(t)
 	t.Setenv("REDIS_URL", "redis://"+srv.Addr()+"/0")
 	t.Setenv("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
-	run := func(args ...string) (string, error) {
-		root := cli.Root(nil, nil)
-		var out bytes.Buffer
-		root.SetOut(&out)
-		root.SetErr(io.Discard)
-		root.SetArgs(args)
-		err := root.ExecuteContext(context.Background())
-		return out.String(), err
-	}
+	run := execute
 	out, err := run("jobs", "list", "--limit", "1")
 	require.NoError(t, err)
 	require.Equal(t, "no archived job runs\n", out)
@@ -105,13 +97,7 @@ func TestJobsListRefusesALimitOutOfRange(t *testing.T) {
 func TestTokenRefusesANonPositiveTTL(t *testing.T) {
 	t.Setenv("JWT_SECRET", strings.Repeat("s", 40))
 	run := func(args ...string) (string, error) {
-		root := cli.Root(nil, nil)
-		var out bytes.Buffer
-		root.SetOut(&out)
-		root.SetErr(io.Discard)
-		root.SetArgs(append([]string{"token", "--tenant", "acme", "--user", "alice"}, args...))
-		err := root.ExecuteContext(context.Background())
-		return out.String(), err
+		return execute(append([]string{"token", "--tenant", "acme", "--user", "alice"}, args...)...)
 	}
 	out, err := run("--ttl", "5m")
 	require.NoError(t, err)
@@ -132,15 +118,7 @@ func TestTokenRefusesANonPositiveTTL(t *testing.T) {
 func TestTokenCarriesTenantUserAndRoles(t *testing.T) {
 	s1, s2 := strings.Repeat("a", 32), strings.Repeat("b", 32)
 	t.Setenv("JWT_SECRET", "new:"+s1+",old:"+s2)
-	run := func(args ...string) (string, error) {
-		root := cli.Root(nil, nil)
-		var out bytes.Buffer
-		root.SetOut(&out)
-		root.SetErr(io.Discard)
-		root.SetArgs(append([]string{"token"}, args...))
-		err := root.ExecuteContext(context.Background())
-		return out.String(), err
-	}
+	run := func(args ...string) (string, error) { return execute(append([]string{"token"}, args...)...) }
 	out, err := run("--tenant", "acme", "--user", "alice", "--roles", "admin, ops", "--ttl", "10m")
 	require.NoError(t, err)
 	require.True(t, strings.HasSuffix(out, "\n") && strings.Count(out, "\n") == 1, "one line: %q", out)
@@ -256,15 +234,7 @@ func TestNumericFlagsAreDecimal(t *testing.T) {
 	db := kumikotest.NewDB(t)
 	t.Setenv("DATABASE_URL", db.URL)
 	t.Setenv("REDIS_URL", "redis://127.0.0.1:1/0") // never reached
-	run := func(args ...string) (string, error) {
-		root := cli.Root(nil, nil)
-		var out bytes.Buffer
-		root.SetOut(&out)
-		root.SetErr(io.Discard)
-		root.SetArgs(args)
-		err := root.ExecuteContext(context.Background())
-		return out.String(), err
-	}
+	run := execute
 	out, err := run("consumer", "prune-dead-letters", "--older-than-days", "030")
 	require.NoError(t, err)
 	require.Equal(t, "deleted 0 dead letter(s) older than 30 days\n", out)
@@ -352,4 +322,16 @@ func TestInterruptedCommandSaysSo(t *testing.T) {
 	code, out = stderrOf(context.Background())
 	require.Equal(t, 1, code)
 	require.NotContains(t, out, "interrupted", out)
+}
+
+// execute runs the kumiko command tree with args and returns what it wrote
+// to stdout and its error (stderr is discarded).
+func execute(args ...string) (string, error) {
+	root := cli.Root(nil, nil)
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(io.Discard)
+	root.SetArgs(args)
+	err := root.ExecuteContext(context.Background())
+	return out.String(), err
 }
