@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/kumiko-go/kumiko/config"
 	"github.com/kumiko-go/kumiko/entrypoint"
@@ -69,7 +70,36 @@ func Root(register func(*framework.Registry, *config.Config), routes func(*web.S
 		}
 	}
 	refuseUnknownTopics(root)
+	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error { return refuseBlankSelectors(cmd) }
 	return root
+}
+
+// blankRefusedAnnotation marks a flag whose default, when it is left out,
+// widens what a command acts on or reads (the shared row, every state,
+// lane or tenant): given explicitly but blank, as an unset variable in a
+// script gives it (`--instance "$POD"`), it is refused instead of falling
+// back to that default.
+const blankRefusedAnnotation = "kumiko-blank-refused"
+
+// refuseBlank marks the flags names of fs (see blankRefusedAnnotation).
+func refuseBlank(fs *pflag.FlagSet, names ...string) {
+	for _, name := range names {
+		if err := fs.SetAnnotation(name, blankRefusedAnnotation, []string{"true"}); err != nil {
+			panic(fmt.Sprintf("cli: %v", err)) // a flag name this package misspelt
+		}
+	}
+}
+
+// refuseBlankSelectors fails when a flag marked by refuseBlank was given
+// blank.
+func refuseBlankSelectors(cmd *cobra.Command) error {
+	var err error
+	cmd.Flags().Visit(func(f *pflag.Flag) {
+		if _, marked := f.Annotations[blankRefusedAnnotation]; marked && err == nil && strings.TrimSpace(f.Value.String()) == "" {
+			err = fmt.Errorf("--%s is empty; leave it out for its default", f.Name)
+		}
+	})
+	return err
 }
 
 // refuseUnknownTopics makes `kumiko help TOPIC` fail on a topic the tree

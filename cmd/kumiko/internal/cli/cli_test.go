@@ -335,3 +335,26 @@ func execute(args ...string) (string, error) {
 	err := root.ExecuteContext(context.Background())
 	return out.String(), err
 }
+
+// TestBlankSelectorFlagsAreRefused: a selector flag given explicitly but
+// blank (an unset variable in a script: `--instance "$POD"`) is refused
+// before anything runs, instead of falling back to its default, which
+// would act on the shared row, or list every state, lane or tenant.
+func TestBlankSelectorFlagsAreRefused(t *testing.T) {
+	t.Setenv("DATABASE_URL", "postgres://postgres@127.0.0.1:1/none") // never reached
+	t.Setenv("REDIS_URL", "redis://127.0.0.1:1/0")                   // never reached
+	t.Setenv("JWT_SECRET", strings.Repeat("s", 40))
+	for _, args := range [][]string{
+		{"consumer", "disable", "orders:order-totals", "--instance", ""},
+		{"consumer", "status", "orders:order-totals", "--instance", " "},
+		{"jobs", "list", "--state", ""},
+		{"jobs", "list", "--lane", ""},
+		{"jobs", "list", "--tenant", ""},
+		{"jobs", "retry", "some-id", "--lane", ""},
+	} {
+		out, err := execute(args...)
+		require.Error(t, err, args)
+		require.Contains(t, err.Error(), "is empty; leave it out", args)
+		require.Empty(t, out, args)
+	}
+}

@@ -142,6 +142,7 @@ func consumerStatusCmd() *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	cmd.Flags().StringVar(&instance, "instance", "", "instance id of a per-instance consumer (default: the shared row)")
+	refuseBlank(cmd.Flags(), "instance")
 	return cmd
 }
 
@@ -164,6 +165,7 @@ func consumerVerbCmd(verb, short string, run func(ctx context.Context, pool *pgx
 		},
 	}
 	cmd.Flags().StringVar(&instance, "instance", "", "instance id of a per-instance consumer (default: the shared row)")
+	refuseBlank(cmd.Flags(), "instance")
 	return cmd
 }
 
@@ -205,6 +207,7 @@ disabled. Consumers must be idempotent: replayed events are applied again.`,
 		},
 	}
 	cmd.Flags().StringVar(&instance, "instance", "", "instance id of a per-instance consumer (default: the shared row)")
+	refuseBlank(cmd.Flags(), "instance")
 	intFlag(cmd.Flags(), &toPosition, "to-position", 0, "replay from the event with this position on (0: the start of the log)")
 	cmd.Flags().StringVar(&toTime, "to-time", "", "replay the events created at or after this RFC 3339 time")
 	cmd.MarkFlagsMutuallyExclusive("to-position", "to-time")

@@ -134,6 +134,7 @@ func jobsListCmd() *cobra.Command {
 	cmd.Flags().StringVar(&state, "state", string(jobs.StateArchived), "archived, pending, active, scheduled, retry or completed")
 	cmd.Flags().StringVar(&lane, "lane", "", "api or worker (default: both)")
 	cmd.Flags().StringVar(&tenant, "tenant", "", "only this tenant's runs (default: all)")
+	refuseBlank(cmd.Flags(), "state", "lane", "tenant")
 	intFlag(cmd.Flags(), &limit, "limit", 50, "most runs listed (1..1000)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
@@ -163,6 +164,7 @@ func jobsRetryCmd() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringVar(&lane, "lane", "", "api or worker (default: search both)")
+	refuseBlank(cmd.Flags(), "lane")
 	return cmd
 }
 
