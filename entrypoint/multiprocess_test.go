@@ -16,18 +16,7 @@ import (
 // tenantLog returns the cursors of tenant's events in delivery order.
 func tenantLog(t *testing.T, db *kumikotest.DB, tenant string) []string {
 	t.Helper()
-	rows, err := db.Pool.Query(context.Background(),
-		`SELECT commit_key::text || '-' || position FROM events WHERE tenant_id = $1 ORDER BY commit_key, position`, tenant)
-	require.NoError(t, err)
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var s string
-		require.NoError(t, rows.Scan(&s))
-		out = append(out, s)
-	}
-	require.NoError(t, rows.Err())
-	return out
+	return tenantLogOf(t, db, tenant, "")
 }
 
 // TestMultiProcess runs the real topology: two API processes and a worker

@@ -80,16 +80,7 @@ func TestTwoRebuildsAtOnce(t *testing.T) {
 	}
 	rebuilds.Wait()
 	during := written.Load() - before
-	after := written.Load()
-	for written.Load() < after+100 {
-		time.Sleep(5 * time.Millisecond)
-	}
-	stopWriters()
-	writers.Wait()
-	close(errs)
-	for err := range errs {
-		require.NoError(t, err)
-	}
+	stopWritersAfter(t, &written, 100, stopWriters, &writers, errs)
 	require.NoError(t, rerrs[0])
 	require.NoError(t, rerrs[1])
 	require.Positive(t, during, "writers must have run during the rebuilds")

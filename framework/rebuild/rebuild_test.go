@@ -321,17 +321,7 @@ func TestRebuildWhileWritersContinue(t *testing.T) {
 	})
 	require.NoError(t, err)
 	during := written.Load() - before
-	// Keep writing after the swap for a moment, then stop.
-	after := written.Load()
-	for written.Load() < after+100 {
-		time.Sleep(5 * time.Millisecond)
-	}
-	stopWriters()
-	writers.Wait()
-	close(errs)
-	for err := range errs {
-		require.NoError(t, err)
-	}
+	stopWritersAfter(t, &written, 100, stopWriters, &writers, errs)
 	t.Logf("rebuild: %d events in %d passes, %s; %d writes during the rebuild", res.Events, passes.Load(), res.Duration, during)
 	require.Positive(t, during, "writers must have run during the rebuild")
 	require.GreaterOrEqual(t, res.Events, int64(600))
@@ -810,4 +800,21 @@ func TestAbandonProjectionNoLongerDeclared(t *testing.T) {
 	// Rebuilding it is still refused: there are no handlers to replay.
 	_, err = rebuild.Rebuild(ctx, b.db.Pool, b.reg, "gone:tally", nil)
 	require.ErrorIs(t, err, rebuild.ErrUnknownProjection)
+}
+
+// stopWritersAfter lets the writers (which count their commits in written
+// and report their end on errs) write n more after the swap, then stops
+// them and fails t on an error of theirs.
+func stopWritersAfter(t *testing.T, written *atomic.Int64, n int64, stop context.CancelFunc, writers *sync.WaitGroup, errs chan error) {
+	t.Helper()
+	after := written.Load()
+	for written.Load() < after+n {
+		time.Sleep(5 * time.Millisecond)
+	}
+	stop()
+	writers.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
 }
