@@ -17,8 +17,9 @@ import (
 // Authorization header, else the kumiko_auth cookie) with the server's
 // keyring and stores the caller for [PrincipalFrom] and [CallFrom]. A
 // missing, malformed, forged or expired token, one for the reserved tenant,
-// or a request with more than one Authorization header, is answered 401
-// unauthorized. A cookie-authenticated request with
+// or a request with more than one Authorization header (or, without a bearer
+// token, more than one kumiko_auth cookie) is answered 401 unauthorized. A
+// cookie-authenticated request with
 // a method other than GET, HEAD or OPTIONS must send Content-Type
 // application/json (or another JSON media type), else it is answered 403
 // access_denied: a cross-site form cannot send that type, so the cookie
@@ -32,6 +33,16 @@ func (s *Server) Authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 			c.Response().Header().Set(echo.HeaderWWWAuthenticate, `Bearer error="invalid_request"`)
 			return &framework.Error{Code: framework.CodeUnauthorized,
 				Message: fmt.Sprintf("send one Authorization header, not %d", n)}
+		}
+		if !hasBearer(req) {
+			if n := len(req.CookiesNamed(auth.CookieName)); n > 1 {
+				// As with two headers: this server would take the first, a
+				// proxy maybe the last; and a sibling subdomain can add one
+				// for a more specific path, which browsers send first.
+				c.Response().Header().Set(echo.HeaderWWWAuthenticate, `Bearer error="invalid_request"`)
+				return &framework.Error{Code: framework.CodeUnauthorized,
+					Message: fmt.Sprintf("send one %s cookie, not %d", auth.CookieName, n)}
+			}
 		}
 		tok := auth.TokenFromRequest(req)
 		if tok == "" {

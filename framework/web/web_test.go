@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kumiko-go/kumiko/features/orders"
+	"github.com/kumiko-go/kumiko/framework/auth"
 	"github.com/kumiko-go/kumiko/framework/web"
 )
 
@@ -437,6 +438,15 @@ func TestRejected(t *testing.T) {
 		{"two Authorization headers", request{path: "/api/write", added: http.Header{"Authorization": {"Bearer " + tok,
 			"Bearer " + signed(t, []byte("another-secret-0123456789abcdef!"), claims("t2", later))}},
 			body: placeBody(map[string]any{"customer": "A"})}, 401, "unauthorized", []check{message("one Authorization header")}},
+		// Two kumiko_auth cookies (a sibling subdomain can add one for a
+		// more specific path, which browsers send first): which one counts
+		// is up to each reader of the request, as with two headers.
+		{"two cookies", request{path: "/api/write", added: http.Header{"Cookie": {auth.CookieName + "=" + signed(t, secret, claims("t2", later)) +
+			"; " + auth.CookieName + "=" + tok}},
+			body: placeBody(map[string]any{"customer": "A"})}, 401, "unauthorized", []check{message("one " + auth.CookieName + " cookie")}},
+		{"two cookie headers", request{path: "/api/write", added: http.Header{"Cookie": {auth.CookieName + "=" + tok,
+			auth.CookieName + "=" + signed(t, secret, claims("t2", later))}},
+			body: placeBody(map[string]any{"customer": "A"})}, 401, "unauthorized", []check{message("one " + auth.CookieName + " cookie")}},
 		{"missing role", request{path: "/api/write", token: tok, body: map[string]any{"type": "web-test:write:admin-only"}},
 			403, "access_denied", nil},
 		{"missing role in batch", request{path: "/api/batch", token: tok, body: map[string]any{"commands": []any{
