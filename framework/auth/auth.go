@@ -232,6 +232,9 @@ func (k *Keyring) VerifyUntil(token string) (Principal, time.Time, error) {
 		// Not %w: the jwt library's errors are not part of this API.
 		return Principal{}, time.Time{}, fmt.Errorf("%w: %s", ErrUnauthorized, err.Error())
 	}
+	if name, ok := outOfRangeTime(&c.RegisteredClaims); ok {
+		return Principal{}, time.Time{}, fmt.Errorf("%w: %s is not a date between 1970 and 9999", ErrUnauthorized, name)
+	}
 	if name, ok := caseVariantClaim(token); ok {
 		return Principal{}, time.Time{}, fmt.Errorf("%w: claim %q repeats a claim Kumiko reads (or a case variant of it)", ErrUnauthorized, name)
 	}
@@ -257,6 +260,25 @@ func (k *Keyring) VerifyUntil(token string) (Principal, time.Time, error) {
 	notAfter := c.ExpiresAt.Add(leeway)
 	k.verified.Add(token, verifiedToken{p: p.clone(), notAfter: notAfter})
 	return p, notAfter, nil
+}
+
+// maxNumericDate is 9999-12-31T23:59:59Z in seconds since the epoch.
+const maxNumericDate = 253402300799
+
+// outOfRangeTime reports a time claim (exp, nbf, iat) outside 1970..9999.
+// The jwt library converts the claim's float to int64 seconds, which is
+// undefined beyond int64's range and on amd64 yields the earliest instant:
+// an "nbf" of 1e300 would read as long past, and the token valid now.
+func outOfRangeTime(c *jwt.RegisteredClaims) (string, bool) {
+	for _, d := range []struct {
+		name string
+		at   *jwt.NumericDate
+	}{{"exp", c.ExpiresAt}, {"nbf", c.NotBefore}, {"iat", c.IssuedAt}} {
+		if d.at != nil && (d.at.Unix() < 0 || d.at.Unix() > maxNumericDate) {
+			return d.name, true
+		}
+	}
+	return "", false
 }
 
 // replacedMessage says why a sub or tenantId holding U+FFFD fails: the JSON
@@ -325,6 +347,11 @@ func (p Principal) clone() Principal {
 func (k *Keyring) key(t *jwt.Token) (any, error) {
 	if _, ok := t.Method.(*jwt.SigningMethodHMAC); !ok {
 		return nil, fmt.Errorf("unexpected signing method %v", t.Header["alg"])
+	}
+	if _, ok := t.Header["crit"]; ok {
+		// RFC 7515 §4.1.11: a recipient must refuse extensions it does not
+		// understand, and this keyring understands none (b64 among them).
+		return nil, errors.New("critical header extensions (crit) are not supported")
 	}
 	raw, ok := t.Header["kid"]
 	if !ok {

@@ -556,3 +556,33 @@ func TestCaseVariantClaimsRejected(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "tenant-1", p.TenantID)
 }
+
+// A header naming critical extensions must be refused (RFC 7515 §4.1.11):
+// the keyring understands none, so it cannot honour what they demand.
+func TestVerifyRefusesCriticalExtensions(t *testing.T) {
+	t.Parallel()
+	kr := newKeyring(t, auth.Key{ID: "k1", Secret: secret1})
+	for _, crit := range []any{[]string{"b64"}, []string{"exp"}, []string{}, "b64"} {
+		tok := jwt.NewWithClaims(jwt.SigningMethodHS256, validClaims())
+		tok.Header["kid"] = "k1"
+		tok.Header["crit"] = crit
+		tok.Header["b64"] = false
+		s, err := tok.SignedString(secret1)
+		require.NoError(t, err)
+		requireUnauthorized(t, kr, s)
+	}
+}
+
+// Time claims beyond what a date can hold are refused, not wrapped around
+// into the past: nbf 1e300 must not make a token valid now.
+func TestVerifyRefusesOutOfRangeTimes(t *testing.T) {
+	t.Parallel()
+	kr := newKeyring(t, auth.Key{ID: "k1", Secret: secret1})
+	for _, name := range []string{"nbf", "iat", "exp"} {
+		for _, v := range []any{1e300, -1e300, 1e19} {
+			c := validClaims()
+			c[name] = v
+			requireUnauthorized(t, kr, sign(t, jwt.SigningMethodHS256, secret1, "k1", c))
+		}
+	}
+}
