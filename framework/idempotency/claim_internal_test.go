@@ -62,7 +62,7 @@ func TestRenewalAfterReleaseOfAReclaimedKey(t *testing.T) {
 	ok, err := s.cmd.Run(t.Context(), releaseScript, []string{key}, owner).Int()
 	require.NoError(t, err)
 	require.Equal(t, 1, ok)
-	ok, err = s.cmd.Run(t.Context(), renewScript, []string{key}, owner, s.lease.Milliseconds()).Int()
+	ok, err = s.cmd.Run(t.Context(), renewScript, []string{key}, owner, s.lease.Milliseconds(), s.ttl.Milliseconds()).Int()
 	require.NoError(t, err)
 	require.Zero(t, ok, "the releaser renewed the released key")
 	require.Equal(t, "reclaimed", claim(newOwner())[0], "the next request reclaims at once")

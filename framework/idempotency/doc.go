@@ -34,7 +34,8 @@
 //
 // Redis time is the clock of every lease, so API instances with skewed
 // clocks agree on them. Keys live for [Config].TTL (default 24 h) after the
-// claim and again after the finish. Every Redis failure is returned
+// claim, again after each renewal of its lease (so a request running longer
+// than the TTL keeps its key) and again after the finish. Every Redis failure is returned
 // wrapped in [ErrUnavailable]: a keyed request must then not run.
 //
 // # Layout

@@ -53,8 +53,8 @@ var (
 type Config struct {
 	// Prefix starts every key. Defaults to "kumiko:idem".
 	Prefix string
-	// TTL is how long a key is kept after its claim and after its finish.
-	// Defaults to 24h.
+	// TTL is how long a key is kept after its claim, after each renewal
+	// of its lease and after its finish. Defaults to 24h.
 	TTL time.Duration
 	// Lease is how long a claim stays valid without renewal; the owner
 	// renews it every Lease/3, so it bounds how long a crashed owner blocks
@@ -248,13 +248,18 @@ if lease <= now then
 end
 return {'pending', tostring(lease - now)}`)
 
-// renewScript: KEYS[1] record; ARGV owner, lease ms.
+// renewScript: KEYS[1] record; ARGV owner, lease ms, ttl ms. The record's
+// expiry moves with its lease, as at the claim: an owner that runs longer
+// than the TTL keeps its key (else a duplicate would claim it afresh and
+// run again), and a record outlives its lease as long after a renewal as
+// after the claim, for the reclaim that checks the owner's writes.
 var renewScript = redisauto.NewScript(`
 local r = redis.call('HMGET', KEYS[1], 'state', 'owner')
 if r[1] ~= 'pending' or r[2] ~= ARGV[1] then return 0 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSET', KEYS[1], 'lease', now + tonumber(ARGV[2]))
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 1`)
 
 // finishScript stores the responses of several records: KEYS the records;
@@ -506,7 +511,7 @@ func (c *Claim) renew() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.s.lease/3)
-	ok, err := c.s.cmd.Run(ctx, renewScript, []string{c.key}, c.owner, c.s.lease.Milliseconds()).Int()
+	ok, err := c.s.cmd.Run(ctx, renewScript, []string{c.key}, c.owner, c.s.lease.Milliseconds(), c.s.ttl.Milliseconds()).Int()
 	cancel()
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -272,6 +272,27 @@ func TestLeaseIsRenewedWhileTheOwnerRuns(t *testing.T) {
 	require.Equal(t, "long work", string(replay.Body))
 }
 
+// A claim whose owner runs longer than the TTL keeps its key: the
+// renewals keep the record alive with the lease, so a duplicate waits for
+// the owner instead of claiming the key afresh and running again, and the
+// owner's result is stored.
+func TestRenewalOutlivesTheTTL(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t, redistest.Shared(t), idempotency.Config{TTL: 300 * time.Millisecond, Lease: 150 * time.Millisecond,
+		WaitTimeout: 100 * time.Millisecond})
+	ctx := t.Context()
+	owner, _, err := s.Begin(ctx, scope("longer-than-ttl"), "fp")
+	require.NoError(t, err)
+	time.Sleep(700 * time.Millisecond) // more than twice the TTL, renewed all along
+	claim, _, err := s.Begin(ctx, scope("longer-than-ttl"), "fp")
+	require.ErrorIs(t, err, idempotency.ErrInProgress, "a running owner keeps its key")
+	require.Nil(t, claim)
+	require.NoError(t, owner.Finish(ctx, response("long work")))
+	_, replay, err := s.Begin(ctx, scope("longer-than-ttl"), "fp")
+	require.NoError(t, err)
+	require.Equal(t, "long work", string(replay.Body))
+}
+
 func TestReleaseLetsTheNextRequestRun(t *testing.T) {
 	t.Parallel()
 	s, _ := newStore(t, redistest.Shared(t), idempotency.Config{})
