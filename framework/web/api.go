@@ -116,6 +116,12 @@ func (s *Server) handleQuery(c echo.Context) error {
 	if req.Type == "" {
 		return missingType()
 	}
+	if n := len(c.Request().Header.Values(HeaderConsistencyToken)); n > 1 {
+		// Which write the client means to read is unknown, as with two
+		// Idempotency-Key headers.
+		return &framework.Error{Code: framework.CodeBadRequest,
+			Message: fmt.Sprintf("send one %s header, not %d", HeaderConsistencyToken, n)}
+	}
 	call := CallFrom(c)
 	if call.ConsistencyToken == "" {
 		call.ConsistencyToken = req.ConsistencyToken

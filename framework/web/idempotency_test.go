@@ -531,6 +531,11 @@ func TestWriteAnswersConsistencyToken(t *testing.T) {
 	b.post(t, "/api/query", tok, get).requireData(t, &o)
 	get["consistencyToken"] = "not-a-token"
 	b.post(t, "/api/query", tok, get).requireError(t, http.StatusBadRequest, "bad_request")
+	// Two token headers: which write the client meant to read is unknown.
+	delete(get, "consistencyToken")
+	b.do(t, request{path: "/api/query", token: tok, body: get,
+		added: http.Header{web.HeaderConsistencyToken: {body.ConsistencyToken, body.ConsistencyToken}}}).
+		requireError(t, http.StatusBadRequest, "bad_request")
 
 	// A batch answers one token too.
 	br := b.keyed(t, "/api/batch", tok, "", map[string]any{"commands": []any{place("B")}})
