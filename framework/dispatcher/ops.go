@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -318,16 +319,64 @@ const partitionCountSQL = `SELECT count(*) FROM event_consumers
 WHERE instance_id = $2 AND starts_with(name, $1 || '@') AND substr(name, length($1) + 2) ~ '^[0-9]+$'`
 
 // notFound is the error for a missing state row; when the name is that of
-// a partitioned consumer, it names the partitions' rows instead.
+// a partitioned consumer, it names the partitions' rows instead, and when
+// the name has rows under other instance ids (a per-instance consumer named
+// without its instance, a shared one with an instance), it names those.
 func notFound(ctx context.Context, db interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
+	Query(context.Context, string, ...any) (pgx.Rows, error)
 }, name, instance string) error {
 	var parts int
 	if err := db.QueryRow(ctx, partitionCountSQL, name, instance).Scan(&parts); err == nil && parts > 0 {
 		return &opError{msg: fmt.Sprintf("consumer %s is partitioned: name one of its %d partitions, %s to %s",
 			label(name, instance), parts, PartitionName(name, 0), PartitionName(name, parts-1)), kind: ErrConsumerNotFound}
 	}
+	// The name may have rows under other instance ids: a per-instance
+	// consumer named without its instance, or a shared one with one.
+	rows, err := db.Query(ctx, otherInstancesSQL, name, instance, maxNamedInstances+1)
+	if err == nil {
+		others, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err == nil && len(others) > 0 {
+			list := instanceList(others)
+			switch {
+			case others[0] == SharedInstance:
+				return &opError{msg: fmt.Sprintf("consumer %s not found: %s is shared, leave the instance out",
+					label(name, instance), framework.Excerpt(name)), kind: ErrConsumerNotFound}
+			case instance == SharedInstance:
+				return &opError{msg: fmt.Sprintf("consumer %s has no shared row: it is per-instance, name one of its instances: %s",
+					label(name, instance), list), kind: ErrConsumerNotFound}
+			default:
+				return &opError{msg: fmt.Sprintf("consumer %s not found; its instances: %s", label(name, instance), list),
+					kind: ErrConsumerNotFound}
+			}
+		}
+	}
 	return &opError{msg: fmt.Sprintf("consumer %s not found", label(name, instance)), kind: ErrConsumerNotFound}
+}
+
+// otherInstancesSQL lists the instance ids other than $2 with a row named
+// $1, the shared one first, up to $3.
+const otherInstancesSQL = `SELECT instance_id FROM event_consumers WHERE name = $1 AND instance_id <> $2
+ORDER BY instance_id <> '__shared__', instance_id LIMIT $3`
+
+// maxNamedInstances bounds how many instance ids a "not found" names.
+const maxNamedInstances = 5
+
+// instanceList joins instance ids for a message: at most
+// maxNamedInstances of them, "..." when there are more.
+func instanceList(ids []string) string {
+	var b strings.Builder
+	for i, id := range ids {
+		if i == maxNamedInstances {
+			b.WriteString(", ...")
+			break
+		}
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(framework.Excerpt(id))
+	}
+	return b.String()
 }
 
 // opRow is the part of a state row the verbs decide on.

@@ -201,7 +201,7 @@ func TestStatusOfUnknownConsumerIsNotFound(t *testing.T) {
 	} {
 		err := verb()
 		require.ErrorIs(t, err, dispatcher.ErrConsumerNotFound)
-		require.EqualError(t, err, "consumer test:a (instance pod-2) not found")
+		require.EqualError(t, err, "consumer test:a (instance pod-2) not found; its instances: pod-1")
 	}
 }
 

@@ -192,7 +192,7 @@ func testConsumerStatus(t *testing.T, bin string) {
 	out, errOut, code = f.run(t, "consumer", "status", "ops:nope")
 	requireRefused(t, out, errOut, code, "consumer ops:nope not found")
 	out, errOut, code = f.run(t, "consumer", "status", "ops:local") // no shared row
-	requireRefused(t, out, errOut, code, "consumer ops:local not found")
+	requireRefused(t, out, errOut, code, "consumer ops:local has no shared row: it is per-instance, name one of its instances: pod-1")
 }
 
 func testConsumerRestart(t *testing.T, bin string) {
