@@ -2,6 +2,7 @@ package dispatcher
 
 import (
 	"context"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -23,4 +24,11 @@ func (d *Dispatcher) PassPending(ctx context.Context, name string) (bool, error)
 // ListWithLagCap is List with the lag counted up to lagCap.
 func ListWithLagCap(ctx context.Context, pool *pgxpool.Pool, lagCap int64) ([]ConsumerStatus, error) {
 	return queryStatus(ctx, pool, nil, "", lagCap)
+}
+
+// SetOpsLockTimeout makes the ops verbs wait at most d for a lock until
+// the test ends (tests that set it must not run in parallel).
+func SetOpsLockTimeout(t interface{ Cleanup(func()) }, d time.Duration) {
+	old := opsLockTimeout.Swap(int64(d))
+	t.Cleanup(func() { opsLockTimeout.Store(old) })
 }

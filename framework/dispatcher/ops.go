@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -35,8 +36,15 @@ const (
 )
 
 // OpsLockTimeout bounds how long an ops verb waits for a running pass of
-// the consumer to finish; after it the verb fails with [ErrConsumerBusy].
+// the consumer to finish, or for an events prune (which holds the consumer
+// table until it commits); after it the verb fails with [ErrConsumerBusy].
 const OpsLockTimeout = 30 * time.Second
+
+// opsLockTimeout is OpsLockTimeout as a duration's nanoseconds; tests
+// shorten it.
+var opsLockTimeout atomic.Int64
+
+func init() { opsLockTimeout.Store(int64(OpsLockTimeout)) }
 
 // StatusDeadLetters is how many of the newest dead letters [Status] returns.
 const StatusDeadLetters = 10
@@ -405,13 +413,13 @@ FROM event_consumers WHERE name = $1 AND instance_id = $2 FOR UPDATE`
 func withConsumer(ctx context.Context, pool *pgxpool.Pool, verb, name, instance string, fn func(tx pgx.Tx, row opRow) error) error {
 	instance = cmp.Or(instance, SharedInstance)
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, OpsLockTimeout.Milliseconds())); err != nil {
+		timeout := time.Duration(opsLockTimeout.Load())
+		if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, timeout.Milliseconds())); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, opsLockSQL, LockKey(name, instance)); err != nil {
-			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
-				return &opError{msg: fmt.Sprintf("consumer %s is still processing a pass after %s; try again", label(name, instance), OpsLockTimeout), kind: ErrConsumerBusy}
+			if lockTimedOut(err) {
+				return &opError{msg: fmt.Sprintf("consumer %s is still processing a pass after %s; try again", label(name, instance), timeout), kind: ErrConsumerBusy}
 			}
 			return err
 		}
@@ -434,9 +442,21 @@ func withConsumer(ctx context.Context, pool *pgxpool.Pool, verb, name, instance 
 		if errors.As(err, &oe) || errors.As(err, &se) {
 			return err
 		}
+		if lockTimedOut(err) {
+			// Past the consumer's lock, only a table lock waits that long:
+			// an events prune holds the consumer table until it commits.
+			return &opError{msg: fmt.Sprintf("consumer %s: the consumer table stayed locked for %s (an events prune is running?); try again",
+				label(name, instance), time.Duration(opsLockTimeout.Load())), kind: ErrConsumerBusy}
+		}
 		return fmt.Errorf("dispatcher: %s %s: %w", verb, label(name, instance), err)
 	}
 	return nil
+}
+
+// lockTimedOut reports a statement cancelled by lock_timeout.
+func lockTimedOut(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03" // lock_not_available
 }
 
 // Restart turns a dead consumer idle with its cursor unchanged and its

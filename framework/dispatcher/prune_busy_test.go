@@ -1,0 +1,43 @@
+package dispatcher_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kumiko-go/kumiko/framework/dispatcher"
+)
+
+// TestVerbDuringALongPruneIsBusyNotAnInternalError: an events prune holds
+// event_consumers in SHARE mode until it commits. A verb waiting that out
+// beyond its lock timeout failed with the bare lock_timeout error (a 500
+// internal error over HTTP); it is ErrConsumerBusy (409) and says why.
+func TestVerbDuringALongPruneIsBusyNotAnInternalError(t *testing.T) {
+	b := setup(t, func(b *bundle) { recorder(b, "a", nil) })
+	ctx := context.Background()
+	newDispatcher(t, b, nil)
+	dispatcher.SetOpsLockTimeout(t, 200*time.Millisecond)
+
+	// What retention.Prune holds while it checks and deletes.
+	tx, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `LOCK TABLE event_consumers IN SHARE MODE`)
+	require.NoError(t, err)
+
+	for _, verb := range []func() error{
+		func() error { return dispatcher.Disable(ctx, b.db.Pool, "test:a", "") },
+		func() error {
+			_, err := dispatcher.Rewind(ctx, b.db.Pool, "test:a", "", dispatcher.RewindTo{})
+			return err
+		},
+	} {
+		err := verb()
+		require.ErrorIs(t, err, dispatcher.ErrConsumerBusy)
+		require.EqualError(t, err, "consumer test:a: the consumer table stayed locked for 200ms (an events prune is running?); try again")
+	}
+	require.NoError(t, tx.Rollback(ctx))
+	require.NoError(t, dispatcher.Disable(ctx, b.db.Pool, "test:a", ""))
+}
