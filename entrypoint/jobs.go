@@ -151,7 +151,7 @@ func (a *App) mountJobsAdmin(s *web.Server) {
 		}
 		q := map[string]string{}
 		for _, name := range []string{"state", "lane", "limit"} {
-			if q[name], err = web.QueryParam(c, name); err != nil {
+			if q[name], err = web.SelectorParam(c, name); err != nil {
 				return err
 			}
 		}

@@ -77,6 +77,16 @@ func TestJobsAdminBadInput(t *testing.T) {
 		}
 	})
 
+	t.Run("a blank selector is refused, not read as every state or lane", func(t *testing.T) {
+		for _, q := range []string{"state=", "lane=", "state=%20", "lane=%09"} {
+			code, res := jobsCall(t, "GET", base+"/api/admin/jobs?"+q, admin, nil)
+			require.Equal(t, http.StatusBadRequest, code, q)
+			e := errorOf(res)
+			require.Equal(t, "validation_error", e["code"], q)
+			require.Contains(t, e["message"], strings.SplitN(q, "=", 2)[0]+" is empty", q)
+		}
+	})
+
 	t.Run("the lane in the path is percent-decoded like the id", func(t *testing.T) {
 		for _, lane := range []string{"ap%69", "%61pi", "w%6Frker"} {
 			code, res := jobsCall(t, "POST", base+"/api/admin/jobs/"+lane+"/no-such-run/retry", admin, nil)

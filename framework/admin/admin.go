@@ -94,7 +94,7 @@ type handlers struct {
 
 // opsBody is the optional JSON body of a verb.
 type opsBody struct {
-	Instance   string  `json:"instance"`
+	Instance   *string `json:"instance"`
 	ToPosition *int64  `json:"toPosition"`
 	ToTime     *string `json:"toTime"`
 }
@@ -115,7 +115,7 @@ func (h *handlers) status(c echo.Context) error {
 	if err != nil {
 		return web.WriteError(c, err)
 	}
-	instance, err := web.QueryParam(c, "instance")
+	instance, err := web.SelectorParam(c, "instance")
 	if err != nil {
 		return web.WriteError(c, err)
 	}
@@ -157,15 +157,18 @@ func (h *handlers) verb(fn verbFunc) echo.HandlerFunc {
 		if err != nil {
 			return web.WriteError(c, err)
 		}
-		instance, err := web.QueryParam(c, "instance")
+		instance, err := web.SelectorParam(c, "instance")
 		if err != nil {
 			return web.WriteError(c, err)
 		}
-		if body.Instance != "" {
-			if instance != "" && instance != body.Instance {
+		if body.Instance != nil {
+			if err := web.RefuseBlank("instance", *body.Instance); err != nil {
+				return web.WriteError(c, err)
+			}
+			if instance != "" && instance != *body.Instance {
 				return web.WriteError(c, invalid("instance", "eqfield", "instance differs between the query (?instance=) and the body"))
 			}
-			instance = body.Instance
+			instance = *body.Instance
 		}
 		extra, err := fn(c, name, instance, body)
 		if err != nil {

@@ -145,3 +145,27 @@ func TestAdminRefusesARepeatedQueryParameter(t *testing.T) {
 	after := decode[consumerJSON](t, b.do(t, http.MethodGet, "/api/admin/consumers/adm:local?instance=pod-1", tok, ""))
 	require.Equal(t, before.Status, after.Status, "the row was not disabled")
 }
+
+// TestAdminRefusesABlankInstance: ?instance= or "instance": "" given
+// blank, as an unset variable in a script gives it, is refused like the
+// CLI's blank --instance, not read as the shared row.
+func TestAdminRefusesABlankInstance(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tok := b.token(t, "admin")
+	for _, c := range []struct{ method, path, body string }{
+		{http.MethodGet, "/api/admin/consumers/adm:healthy?instance=", ""},
+		{http.MethodGet, "/api/admin/consumers/adm:healthy?instance=%20", ""},
+		{http.MethodPost, "/api/admin/consumers/adm:healthy/disable?instance=", ""},
+		{http.MethodPost, "/api/admin/consumers/adm:healthy/disable", `{"instance": ""}`},
+		{http.MethodPost, "/api/admin/consumers/adm:healthy/disable", `{"instance": " "}`},
+	} {
+		e := b.do(t, c.method, c.path, tok, c.body)
+		requireError(t, e, http.StatusBadRequest, "validation_error")
+		require.Contains(t, e.Error.Message, "instance is empty", "%s %s %s", c.method, c.path, c.body)
+	}
+	// Nothing was disabled.
+	e := b.do(t, http.MethodGet, "/api/admin/consumers/adm:healthy", tok, "")
+	require.Nil(t, e.Error)
+	require.Contains(t, string(e.Data), `"status":"idle"`)
+}

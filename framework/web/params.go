@@ -3,6 +3,7 @@ package web
 import (
 	"fmt"
 	"net/url"
+	"strings"
 
 	"github.com/labstack/echo/v4"
 
@@ -25,6 +26,34 @@ func QueryParam(c echo.Context, name string) (string, error) {
 	return "", &framework.Error{Code: framework.CodeBadRequest,
 		Message: fmt.Sprintf("the query parameter %s is given %d times; give it once", name, len(vals)),
 		Details: map[string]any{"parameter": name}}
+}
+
+// SelectorParam is [QueryParam] for a parameter whose absence widens what
+// the request acts on or reads (?instance= the shared row, ?state= every
+// state): given but blank, as an unset variable in a script gives it, it is
+// a validation_error naming it rather than a silent fall-back to that
+// default, as the CLI refuses a blank flag.
+func SelectorParam(c echo.Context, name string) (string, error) {
+	v, err := QueryParam(c, name)
+	if err != nil {
+		return "", err
+	}
+	if _, given := c.QueryParams()[name]; given {
+		if err := RefuseBlank(name, v); err != nil {
+			return "", err
+		}
+	}
+	return v, nil
+}
+
+// RefuseBlank returns a validation_error naming field when v, given, is
+// blank (empty or only white space); see [SelectorParam].
+func RefuseBlank(field, v string) error {
+	if strings.TrimSpace(v) != "" {
+		return nil
+	}
+	return &framework.ValidationError{Fields: []framework.FieldError{{Field: field, Rule: "required",
+		Message: field + " is empty; leave it out for its default"}}}
 }
 
 // PathParam returns the path parameter name, %-decoded. When a request
