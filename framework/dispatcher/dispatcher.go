@@ -208,6 +208,12 @@ func New(pool *pgxpool.Pool, reg *framework.Registry, consumers []Consumer, cfg 
 				cons.Name, cons.Partitions, framework.MaxPartitions))
 			continue
 		}
+		if cons.BatchSize < 0 {
+			problems = append(problems, fmt.Errorf("dispatcher: consumer %s: BatchSize must not be negative (got %d)", cons.Name, cons.BatchSize))
+		}
+		if cons.MaxAttempts < 0 {
+			problems = append(problems, fmt.Errorf("dispatcher: consumer %s: MaxAttempts must not be negative (got %d)", cons.Name, cons.MaxAttempts))
+		}
 		if _, dup := d.bases[cons.Name]; dup {
 			problems = append(problems, fmt.Errorf("dispatcher: consumer %s registered twice", cons.Name))
 			continue

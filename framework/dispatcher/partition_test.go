@@ -332,9 +332,15 @@ func TestBadPartitionsAreRefused(t *testing.T) {
 	_, err = dispatcher.New(nil, nil, []dispatcher.Consumer{
 		{Name: "x@3", Apply: apply},
 		{Name: "y", Apply: apply, Partitions: -2},
+		{Name: "z", Apply: apply, BatchSize: -1},
+		{Name: "w", Apply: apply, MaxAttempts: -3},
 	}, &dispatcher.Config{InstanceID: "i"})
 	require.ErrorContains(t, err, "consumer name x@3 ends like a partition's state row")
 	require.ErrorContains(t, err, "consumer y: partitions -2 is not between 1 and 64")
+	// A negative batch size failed every pass in SQL; negative attempts
+	// turned the consumer dead at its first failure.
+	require.ErrorContains(t, err, "consumer z: BatchSize must not be negative (got -1)")
+	require.ErrorContains(t, err, "consumer w: MaxAttempts must not be negative (got -3)")
 }
 
 // Changing the partitions hands the stored rows' dead letters to the new
