@@ -722,6 +722,8 @@ const RemoveInstanceMinSilence = time.Minute
 // (wrapped), an instance
 // without rows with [ErrConsumerNotFound] (wrapped), and an instance whose
 // rows beat within [RemoveInstanceMinSilence] with [ErrInstanceAlive]
+// (wrapped); it waits at most [OpsLockTimeout] for the table (an events
+// prune holds it until it commits), then fails with [ErrConsumerBusy]
 // (wrapped). A process of that instance that is in fact still running puts
 // its rows back on its next passes, at the cursors it last committed.
 func RemoveInstance(ctx context.Context, pool *pgxpool.Pool, instance string) (int, error) {
@@ -734,7 +736,13 @@ func RemoveInstance(ctx context.Context, pool *pgxpool.Pool, instance string) (i
 		return 0, &opError{msg: "an instance id is required", kind: ErrSharedInstance}
 	}
 	var removed int
+	timeout := time.Duration(opsLockTimeout.Load())
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		// Bounded like the other verbs: an events prune holds the table
+		// until it commits, and a caller over HTTP must not hang as long.
+		if _, err := tx.Exec(ctx, fmt.Sprintf(`SET LOCAL lock_timeout = %d`, timeout.Milliseconds())); err != nil {
+			return err
+		}
 		var n int
 		var age float64
 		if err := tx.QueryRow(ctx, `SELECT count(*), coalesce(extract(epoch FROM now() - max(heartbeat_at)), 0)::float8
@@ -756,6 +764,10 @@ FROM (SELECT heartbeat_at FROM event_consumers WHERE instance_id = $1 FOR UPDATE
 		var oe *opError
 		if errors.As(err, &oe) {
 			return 0, err
+		}
+		if lockTimedOut(err) {
+			return 0, &opError{msg: fmt.Sprintf("instance %s: the consumer table stayed locked for %s (an events prune is running?); try again",
+				framework.Excerpt(instance), timeout), kind: ErrConsumerBusy}
 		}
 		return 0, fmt.Errorf("dispatcher: remove instance %s: %w", instance, err)
 	}
