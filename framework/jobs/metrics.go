@@ -77,3 +77,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	return m, nil
 }
+
+// startLane puts the run counters of the jobs a lane runs on /metrics at 0,
+// so that increase() and rate() see a job's first failure or archived run
+// instead of a series that appears with it.
+func (m *metrics) startLane(lane string, jobs []*Job) {
+	for _, j := range jobs {
+		for _, c := range []*prometheus.CounterVec{m.succeeded, m.failed, m.retried, m.archived} {
+			c.WithLabelValues(lane, j.name)
+		}
+	}
+}

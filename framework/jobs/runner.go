@@ -249,6 +249,7 @@ func (r *Runner) Run(ctx context.Context) error {
 			return fmt.Errorf("jobs: start %s lane: %w", lane, err)
 		}
 		servers = append(servers, srv)
+		r.metrics.startLane(string(lane), jobs)
 		r.log.Info("job lane started", "lane", string(lane), "jobs", len(jobs), "concurrency", r.cfg.Concurrency,
 			"max_transactions", r.cfg.MaxTransactions)
 	}
