@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/labstack/echo/v4"
 
 	"github.com/kumiko-go/kumiko/framework"
@@ -148,7 +149,8 @@ func tooLarge(limit int64, cause error) *framework.Error {
 
 // logError logs 500s at error level with their cause (and the stack of a
 // recovered panic), other 5xx (a 503 while a dependency is away) at warn
-// level with their cause, a request the client canceled at info level, and
+// level with their cause, a request the client canceled at info level, a
+// 403 the database gave (42501) at warn level with its cause, and other
 // client errors at debug level.
 func logError(c echo.Context, err error, code framework.Code, status int) {
 	logger := loggerOf(c)
@@ -162,6 +164,15 @@ func logError(c echo.Context, err error, code framework.Code, status int) {
 		slog.Int("status", status),
 	}
 	if status < 500 {
+		if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == "42501" {
+			// The database refused what feature code ran as the tenant
+			// role (a table whose migration forgot kumiko_enable_tenancy
+			// or a grant, a row for another tenant): the client gets the
+			// 403, the operator the reason.
+			attrs = append(attrs, slog.String("error", err.Error()))
+			logger.LogAttrs(req.Context(), slog.LevelWarn, "request denied by the database", attrs...)
+			return
+		}
 		logger.LogAttrs(req.Context(), slog.LevelDebug, "request failed", attrs...)
 		return
 	}

@@ -54,6 +54,13 @@ func setup(t *testing.T) *bundle {
 	framework.Write(f, "boom", func(_ context.Context, _ *framework.Tx, _ empty) (any, error) {
 		return nil, errors.New("secret connection detail")
 	}, nil)
+	// denied does what the tenant role may not: the database refuses it
+	// (42501), as it refuses a feature table whose migration forgot its
+	// grants.
+	framework.Write(f, "denied", func(ctx context.Context, tx *framework.Tx, _ empty) (any, error) {
+		_, err := tx.Exec(ctx, `UPDATE events SET type = type WHERE false`)
+		return nil, err
+	}, nil)
 	framework.Write(f, "panic", func(_ context.Context, _ *framework.Tx, _ empty) (any, error) {
 		panic("handler exploded")
 	}, nil)

@@ -506,3 +506,26 @@ func TestCancelOfAnotherTenantsOrder(t *testing.T) {
 	require.NoError(t, b.db.Pool.QueryRow(t.Context(), `SELECT version FROM streams WHERE stream_id = $1`, other).Scan(&version))
 	require.Equal(t, int64(1), version)
 }
+
+// TestDatabaseDenialIsLoggedAsAWarning: a 403 the database gave (42501,
+// a privilege or row-level security refusal) comes from feature code the
+// tenant role may not run, such as a table whose migration forgot its
+// grants, never from what a client sent alone: the operator sees it at
+// warn level with the database's message, the client the plain 403.
+func TestDatabaseDenialIsLoggedAsAWarning(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tok := b.token(t, "acme")
+	r := b.post(t, "/api/write", tok, map[string]any{"type": "web-test:write:denied", "payload": map[string]any{}})
+	r.requireError(t, http.StatusForbidden, "access_denied")
+	require.NotContains(t, string(r.body), "permission denied")
+	lines := b.logs.lines(t, "request denied by the database")
+	require.Len(t, lines, 1)
+	require.Equal(t, "WARN", lines[0]["level"])
+	require.Contains(t, lines[0]["error"], "permission denied for table events")
+
+	// A role missing in the token is the client's: debug, as before.
+	r = b.post(t, "/api/write", tok, map[string]any{"type": "web-test:write:admin-only", "payload": map[string]any{}})
+	r.requireError(t, http.StatusForbidden, "access_denied")
+	require.Len(t, b.logs.lines(t, "request denied by the database"), 1)
+}
