@@ -20,8 +20,9 @@ build: ## Build the kumiko binary into bin/.
 
 services: ## Check that Postgres and Redis answer (start docker compose where it can).
 	@up() { (exec 3<>"/dev/tcp/127.0.0.1/$$1") 2>/dev/null; }; \
-	if ! { up 5432 && up 6379; } && command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then \
-	  echo "starting postgres and redis with docker compose"; docker compose up -d --wait postgres redis; \
+	down=""; up 5432 || down=" postgres"; up 6379 || down="$$down redis"; \
+	if [ -n "$$down" ] && command -v docker >/dev/null 2>&1 && docker info >/dev/null 2>&1; then \
+	  echo "starting$$down with docker compose"; docker compose up -d --wait $$down; \
 	  for i in $$(seq 1 60); do up 5432 && up 6379 && break; sleep 1; done; \
 	fi; \
 	missing=""; up 5432 || missing="$$missing\n  - PostgreSQL on 127.0.0.1:5432"; \
