@@ -241,6 +241,9 @@ func TestNumericFlagsAreDecimal(t *testing.T) {
 	out, err = run("jobs", "prune-handled", "--older-than-days", "090")
 	require.NoError(t, err)
 	require.Equal(t, "deleted 0 HandledOnce claim(s) older than 90 days\n", out)
+	out, err = run("consumer", "prune-dead-letters", "--older-than-days", "1")
+	require.NoError(t, err)
+	require.Equal(t, "deleted 0 dead letter(s) older than 1 day\n", out)
 
 	for _, tc := range []struct {
 		args []string

@@ -255,7 +255,7 @@ instances that are gone. The events stay in the log.`,
 				if err != nil {
 					return err
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "deleted %d dead letter(s) older than %d days\n", n, days)
+				fmt.Fprintf(cmd.OutOrStdout(), "deleted %d dead letter(s) older than %s\n", n, dayCount(days))
 				return nil
 			})
 		},

@@ -87,7 +87,7 @@ what would be deleted and runs the same check.`,
 				if res.DryRun {
 					verb = "would delete"
 				}
-				fmt.Fprintf(out, "events created before %s (older than %d days):\n", res.Cutoff.UTC().Format(time.RFC3339), days)
+				fmt.Fprintf(out, "events created before %s (older than %s):\n", res.Cutoff.UTC().Format(time.RFC3339), dayCount(days))
 				for _, t := range res.Types {
 					fmt.Fprintf(out, "  %-40s %d\n", t, res.Counts[t])
 				}

@@ -46,3 +46,11 @@ func (d decimalInt[T]) Type() string {
 	}
 	return "int"
 }
+
+// dayCount writes n days for a message: "1 day", "30 days".
+func dayCount(n int) string {
+	if n == 1 {
+		return "1 day"
+	}
+	return strconv.Itoa(n) + " days"
+}

@@ -193,7 +193,7 @@ operator may retry, for up to 90 days: prune with 90 days or more.`,
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "deleted %d HandledOnce claim(s) older than %d days\n", n, days)
+			fmt.Fprintf(cmd.OutOrStdout(), "deleted %d HandledOnce claim(s) older than %s\n", n, dayCount(days))
 			return nil
 		},
 	}
