@@ -343,6 +343,9 @@ func rebuildError(err error, name string) error {
 	case errors.Is(err, rebuild.ErrRunning):
 		return &framework.Error{Code: framework.CodeConflict, Message: err.Error(),
 			Details: map[string]any{"projection": name, "reason": "rebuild_running"}, Err: err}
+	case errors.Is(err, rebuild.ErrDisabled):
+		return &framework.Error{Code: framework.CodeConflict, Message: err.Error(),
+			Details: map[string]any{"projection": name, "reason": "rebuild_disabled"}, Err: err}
 	}
 	return err
 }

@@ -96,6 +96,11 @@ var (
 	ErrNotRebuildable = errors.New("rebuild: projection cannot be rebuilt")
 	// ErrRunning is returned when another rebuild of the projection runs.
 	ErrRunning = errors.New("rebuild: a rebuild of this projection is already running")
+	// ErrDisabled is returned when an operator disabled the rebuild's
+	// temporary consumer (`kumiko consumer disable NAME#rebuild`) while it
+	// ran: parked, it can never reach the end of the log, so the rebuild
+	// stops and removes what it built.
+	ErrDisabled = errors.New("rebuild: the rebuild's temporary consumer was disabled")
 )
 
 // frameworkTables are the framework's own tables; no projection owns one.
@@ -714,6 +719,9 @@ func (r *run) catchUp(ctx context.Context, d *dispatcher.Dispatcher, phase Phase
 		switch {
 		case st.status == "dead":
 			return r.failed(st)
+		case st.status == "disabled":
+			// No pass delivers to it any more: polling would never end.
+			return fmt.Errorf("%w: %s; the rebuild of %s stopped (rebuild again to start over)", ErrDisabled, r.consumer, r.p.Name())
 		case st.attempts > 0 || st.failedAt != nil: // a failed event waits for its retry
 			select {
 			case <-ctx.Done():
