@@ -298,9 +298,10 @@ func (h *maintenance) rebuild(c echo.Context) error {
 		}
 		batch = *body.BatchSize
 	}
-	// Abandon also takes a projection no longer declared: the leftover of
-	// its killed rebuild would pin retention forever.
-	if _, err := rebuild.Check(h.reg, name); err != nil && !(body.Abandon && errors.Is(err, rebuild.ErrUnknownProjection)) {
+	// Abandon also takes a projection no longer declared, or no longer
+	// rebuildable: the leftover of its killed rebuild would pin retention
+	// forever.
+	if _, err := rebuild.Check(h.reg, name); err != nil && !body.Abandon {
 		return web.WriteError(c, rebuildError(err, name))
 	}
 	ctx := c.Request().Context()

@@ -303,19 +303,16 @@ func Rebuild(ctx context.Context, pool *pgxpool.Pool, reg *framework.Registry, n
 // Abandon removes what an interrupted rebuild of the projection called name
 // left behind (its shadow schema and temporary consumer row) without
 // rebuilding, and reports whether there was anything. A name reg does not
-// declare (a projection removed or renamed since the rebuild was killed) is
-// looked for all the same: its leftover row would pin retention forever.
-// It returns [ErrRunning] while a rebuild of the projection runs, and the
-// error of [Check] for a declared projection that cannot be rebuilt.
+// declare (a projection removed or renamed since the rebuild was killed),
+// or declares as a projection that can no longer be rebuilt (a saga now,
+// or without its Table), is looked for all the same: its leftover row
+// would pin retention forever. It returns [ErrRunning] while a rebuild of
+// the projection runs.
 func Abandon(ctx context.Context, pool *pgxpool.Pool, reg *framework.Registry, name string) (bool, error) {
-	p, err := Check(reg, name)
-	if err != nil && !errors.Is(err, ErrUnknownProjection) {
-		return false, err
-	}
-	// An undeclared name (p nil) needs only its names for the cleanup; the
-	// rebuild lock is by name, so a rebuild of it by an older build that
-	// still runs excludes this.
-	r, release, err := open(ctx, pool, reg, name, p, nil)
+	// The cleanup needs only the names derived from name; the rebuild lock
+	// is by name, so a rebuild of it by an older build that still runs
+	// excludes this.
+	r, release, err := open(ctx, pool, reg, name, nil, nil)
 	if err != nil {
 		return false, err
 	}

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
@@ -54,9 +53,10 @@ NAME#rebuild behind; the next rebuild removes them and starts over, and
 			if err != nil {
 				return err
 			}
-			// --abandon also takes a projection no longer declared: the
-			// leftover of its killed rebuild would pin retention forever.
-			if _, err := rebuild.Check(reg, name); err != nil && !(abandon && errors.Is(err, rebuild.ErrUnknownProjection)) {
+			// --abandon also takes a projection no longer declared, or no
+			// longer rebuildable: the leftover of its killed rebuild would
+			// pin retention forever.
+			if _, err := rebuild.Check(reg, name); err != nil && !abandon {
 				return err
 			}
 			out := cmd.OutOrStdout()
