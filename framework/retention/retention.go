@@ -73,12 +73,30 @@ type LagError struct {
 func (e *LagError) Error() string {
 	var b strings.Builder
 	b.WriteString("retention: refused: consumers have not passed the events to prune:")
+	var plain bool
 	for _, c := range e.Consumers {
 		fmt.Fprintf(&b, "\n  %s (instance %s, %s, cursor %s): %d unseen", c.Name, c.InstanceID, c.Status, c.Cursor, c.Unseen)
+		if _, ok := strings.CutSuffix(c.Name, rebuildSuffix); !ok {
+			plain = true
+		}
 	}
-	b.WriteString("\nlet them catch up, or move them on with `kumiko consumer skip NAME [--instance ID]` or `kumiko consumer disable NAME [--instance ID]`, then prune again")
+	for _, c := range e.Consumers {
+		// Skipping or rewinding a rebuild's temporary consumer would drop
+		// or repeat events in the table it builds.
+		if name, ok := strings.CutSuffix(c.Name, rebuildSuffix); ok {
+			fmt.Fprintf(&b, "\n%s is a projection rebuild's: let it finish, or remove what a killed one left with `kumiko projection rebuild %s --abandon`", c.Name, name)
+		}
+	}
+	if plain {
+		b.WriteString("\nlet them catch up, or move them on with `kumiko consumer skip NAME [--instance ID]` or `kumiko consumer disable NAME [--instance ID]`, then prune again")
+	}
 	return b.String()
 }
+
+// rebuildSuffix ends the name of a projection rebuild's temporary consumer
+// (rebuild.ConsumerName; that package builds on this one's neighbours and
+// is not imported here).
+const rebuildSuffix = "#rebuild"
 
 // MaxOlderThanDays bounds Options.OlderThanDays: more days than that
 // (about 2,700 years) reach before the earliest time Postgres can hold.
