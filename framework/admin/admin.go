@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -257,13 +258,14 @@ func invalid(field, rule, msg string) error {
 }
 
 // pathParam returns a path parameter, unescaped ([web.PathParam]); an
-// empty one is a validation_error.
+// empty or blank one (only white space: no consumer, projection or
+// instance is named so) is a validation_error.
 func pathParam(c echo.Context, name string) (string, error) {
 	v, err := web.PathParam(c, name)
 	if err != nil {
 		return "", err
 	}
-	if v == "" {
+	if strings.TrimSpace(v) == "" {
 		return "", invalid(name, "required", name+" is required")
 	}
 	return v, nil

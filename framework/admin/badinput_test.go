@@ -169,3 +169,26 @@ func TestAdminRefusesABlankInstance(t *testing.T) {
 	require.Nil(t, e.Error)
 	require.Contains(t, string(e.Data), `"status":"idle"`)
 }
+
+// TestAdminRefusesABlankName: a consumer, projection or instance name of
+// only white space is refused like an empty one, as the CLI refuses a
+// blank NAME, not looked up (a 404) or abandoned as nothing (a 200).
+func TestAdminRefusesABlankName(t *testing.T) {
+	t.Parallel()
+	consumers, ops := setup(t), setupOps(t)
+	for _, c := range []struct {
+		b                         *bundle
+		method, path, body, field string
+	}{
+		{consumers, http.MethodGet, "/api/admin/consumers/%20", "", "name"},
+		{consumers, http.MethodPost, "/api/admin/consumers/%09/disable", "", "name"},
+		{consumers, http.MethodDelete, "/api/admin/instances/%20", "", "instance"},
+		{ops.bundle, http.MethodPost, "/api/admin/projections/%20/rebuild", "", "name"},
+		{ops.bundle, http.MethodPost, "/api/admin/projections/%20/rebuild", `{"abandon": true}`, "name"},
+	} {
+		e := c.b.do(t, c.method, c.path, c.b.token(t, "admin"), c.body)
+		require.Equal(t, http.StatusBadRequest, e.status, "%s %s %s: %+v", c.method, c.path, c.body, e.Error)
+		requireError(t, e, http.StatusBadRequest, "validation_error")
+		require.Equal(t, "validation failed: "+c.field+" is required", e.Error.Message, "%s %s %s", c.method, c.path, c.body)
+	}
+}
