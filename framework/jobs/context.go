@@ -37,7 +37,8 @@ type Context struct {
 	CausationID string
 	// Retry counts the earlier failed runs of this task (0 on the first).
 	Retry int
-	// MaxRetry is the job's retry limit.
+	// MaxRetry is the run's retry limit: the job's, or the lower one the
+	// run was enqueued with (by a release before the limit was raised).
 	MaxRetry int
 
 	rt       *framework.Runtime

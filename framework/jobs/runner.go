@@ -369,6 +369,13 @@ func (r *Runner) handler(lane framework.RunIn, j *Job) asynq.HandlerFunc {
 		jc.TaskID, _ = asynq.GetTaskID(ctx)
 		jc.Retry, _ = asynq.GetRetryCount(ctx)
 		jc.MaxRetry = j.maxRetry()
+		if m, ok := asynq.GetMaxRetry(ctx); ok {
+			// asynq archives the run by the limit it was enqueued with
+			// (plus crashReserve): a release that raised the job's limit
+			// cannot lengthen the runs the earlier one enqueued, and their
+			// last allowed attempt must archive them here, counted as such.
+			jc.MaxRetry = min(jc.MaxRetry, max(m-crashReserve, 0))
+		}
 		h := t.Headers()
 		jc.CorrelationID, jc.CausationID, jc.UserID = h[headerCorrelation], h[headerCausation], h[headerUser]
 		jc.run = h[headerRun]
