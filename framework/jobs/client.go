@@ -118,7 +118,9 @@ type Client struct {
 // returns the task id. The payload is checked against the job's input type
 // first: a payload that does not decode or fails its validator tags is a
 // *framework.ValidationError and nothing is enqueued. An unknown job is
-// [ErrUnknownJob]; an equal run that already exists is [ErrDuplicate]; an
+// [ErrUnknownJob]; an equal run that already exists is [ErrDuplicate],
+// returned with that run's id (the one holding the Unique window, or the
+// key's run); an
 // unreachable Redis is a framework.CodeUnavailable *framework.Error wrapping
 // an [*EnqueueError]. Without a Key every call is a new run; from inside a
 // job use [Context.Dispatch], which makes a retried run's dispatches
@@ -152,7 +154,7 @@ func (c *Client) dispatch(ctx context.Context, name string, payload any, opts *D
 	// Without ids the run's correlation id is its task id (see the
 	// handler); no headers keep the task small.
 	hdr := map[string]string{headerCorrelation: opts.CorrelationID, headerCausation: opts.CausationID, headerParent: parent}
-	dup, err := c.enqueue(ctx, j, &wire{Tenant: tenant, Payload: raw}, id, hdr, derived)
+	dup, holder, err := c.enqueueRun(ctx, j, &wire{Tenant: tenant, Payload: raw}, id, hdr, derived)
 	if err == nil && dup == takenID && opts.Key != "" && parent != "" {
 		// Whose dispatch took the key: this run's earlier attempt's, or
 		// another run's.
@@ -166,6 +168,9 @@ func (c *Client) dispatch(ctx context.Context, name string, payload any, opts *D
 		return "", &framework.Error{Code: framework.CodeUnavailable, Message: "job queue unavailable", Err: err}
 	case dup == takenID && opts.Key == "" && childID != "":
 		return id, nil
+	case dup == takenUnique:
+		// Not id: a fresh one, never enqueued.
+		return holder, fmt.Errorf("%w: %s holds the Unique window", ErrDuplicate, cmp.Or(holder, "an equal run"))
 	case dup != takenNone:
 		return id, fmt.Errorf("%w: %s", ErrDuplicate, id)
 	}
@@ -256,6 +261,14 @@ const (
 // *EnqueueError. dedup retains the completed run for the dedup window,
 // keeping its id taken.
 func (c *Client) enqueue(ctx context.Context, j *Job, w *wire, taskID string, headers map[string]string, dedup bool) (dup taken, err error) {
+	dup, _, err = c.enqueueRun(ctx, j, w, taskID, headers, dedup)
+	return dup, err
+}
+
+// enqueueRun is enqueue that also names the run that exists: taskID when
+// the id was taken, the run holding the Unique window when that was (""
+// when the window ended meanwhile or Redis did not answer).
+func (c *Client) enqueueRun(ctx context.Context, j *Job, w *wire, taskID string, headers map[string]string, dedup bool) (dup taken, holder string, err error) {
 	if dedup || j.opts.Unique > 0 {
 		headers = maps.Clone(headers)
 		if headers == nil {
@@ -273,7 +286,7 @@ func (c *Client) enqueue(ctx context.Context, j *Job, w *wire, taskID string, he
 	}
 	task, err := newTask(j, w, headers)
 	if err != nil {
-		return takenNone, fmt.Errorf("jobs: %s: %w", j.name, err)
+		return takenNone, "", fmt.Errorf("jobs: %s: %w", j.name, err)
 	}
 	queue := QueueName(c.prefix, j.opts.RunIn, j.opts.Priority)
 	opts := []asynq.Option{
@@ -300,21 +313,23 @@ func (c *Client) enqueue(ctx context.Context, j *Job, w *wire, taskID string, he
 		// is a duplicate before the lock is touched.
 		n, err := c.rdb.Exists(ctx, taskKey(queue, taskID)).Result()
 		if err != nil {
-			return takenNone, &EnqueueError{Job: j.name, Err: err}
+			return takenNone, "", &EnqueueError{Job: j.name, Err: err}
 		}
 		if n > 0 {
-			return takenID, nil
+			return takenID, taskID, nil
 		}
 	}
 	_, err = c.aq.EnqueueContext(ctx, task, opts...)
 	switch {
 	case errors.Is(err, asynq.ErrTaskIDConflict):
-		return takenID, nil
+		return takenID, taskID, nil
 	case errors.Is(err, asynq.ErrDuplicateTask):
-		return takenUnique, nil
+		// The lock's value is the id of the run that holds it.
+		holder, _ := c.rdb.Get(ctx, uniqueKey(queue, task)).Result()
+		return takenUnique, holder, nil
 	case err != nil:
-		return takenNone, &EnqueueError{Job: j.name, Err: err}
+		return takenNone, "", &EnqueueError{Job: j.name, Err: err}
 	}
 	c.metrics.enqueued.WithLabelValues(string(j.opts.RunIn), j.name).Inc()
-	return takenNone, nil
+	return takenNone, "", nil
 }

@@ -122,10 +122,13 @@ func TestClientDispatch(t *testing.T) {
 	_, err = c.Dispatch(ctx, "test:job:export", exportInput{Report: "once"}, &jobs.DispatchOptions{TenantID: "globex", Key: "k1"})
 	require.NoError(t, err)
 
-	_, err = c.Dispatch(ctx, "test:job:slow", exportInput{Report: "unique"}, &jobs.DispatchOptions{TenantID: "acme"})
+	uid, err := c.Dispatch(ctx, "test:job:slow", exportInput{Report: "unique"}, &jobs.DispatchOptions{TenantID: "acme"})
 	require.NoError(t, err)
-	_, err = c.Dispatch(ctx, "test:job:slow", exportInput{Report: "unique"}, &jobs.DispatchOptions{TenantID: "acme"})
+	uid2, err := c.Dispatch(ctx, "test:job:slow", exportInput{Report: "unique"}, &jobs.DispatchOptions{TenantID: "acme"})
 	require.ErrorIs(t, err, jobs.ErrDuplicate, "an equal run is waiting or running: the Unique window refuses a second")
+	// The id answered is the run holding the window, not a fresh one that
+	// was never enqueued.
+	require.Equal(t, uid, uid2)
 	close(release)
 
 	eventually(t, "three runs", func() bool { return b.count(t, `SELECT count(*) FROM runs`) >= 3 })

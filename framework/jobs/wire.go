@@ -1,6 +1,7 @@
 package jobs
 
 import (
+	"crypto/md5"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -176,6 +177,14 @@ func parentRun(taskID, run string) string {
 // layout, which persisted queues depend on).
 func taskKey(queue, taskID string) string {
 	return "asynq:{" + queue + "}:t:" + taskID
+}
+
+// uniqueKey is asynq's key of the Unique lock of task on queue (its
+// base.UniqueKey; payloads here are never nil). Its value is the id of
+// the run holding the lock.
+func uniqueKey(queue string, task *asynq.Task) string {
+	sum := md5.Sum(task.Payload())
+	return "asynq:{" + queue + "}:unique:" + task.Type() + ":" + hex.EncodeToString(sum[:])
 }
 
 // newTask builds the asynq task of a job run.
