@@ -193,7 +193,10 @@ type Event struct {
 // Reader parses an SSE stream as a browser's EventSource does: Go clients
 // and tests use it.
 type Reader struct {
-	sc       *bufio.Scanner
+	sc *bufio.Scanner
+	// idBuf is the id the current frame set; lastID takes it over when the
+	// frame ends (a blank line), as an EventSource's last event ID does.
+	idBuf    string
 	lastID   string
 	retry    time.Duration
 	comments int
@@ -216,7 +219,9 @@ func (r *Reader) Retry() time.Duration { return r.retry }
 // Comments returns the number of comment lines (heartbeats) read so far.
 func (r *Reader) Comments() int { return r.comments }
 
-// LastID returns the last event id the stream set.
+// LastID returns the last event id the stream set in a complete frame:
+// the id to resume from. An id in a frame the stream ended inside of does
+// not count (that event was not delivered).
 func (r *Reader) LastID() string { return r.lastID }
 
 // Next returns the next event that has data, skipping comments and frames
@@ -229,6 +234,7 @@ func (r *Reader) Next() (Event, error) {
 	for r.sc.Scan() {
 		line := r.sc.Bytes()
 		if len(line) == 0 {
+			r.lastID = r.idBuf
 			if !hasData {
 				typ = ""
 				continue
@@ -254,7 +260,7 @@ func (r *Reader) Next() (Event, error) {
 			hasData = true
 		case "id":
 			if bytes.IndexByte(value, 0) < 0 {
-				r.lastID = string(value)
+				r.idBuf = string(value)
 			}
 		case "retry":
 			if n, err := strconv.ParseUint(string(value), 10, 31); err == nil {

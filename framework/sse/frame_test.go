@@ -140,3 +140,19 @@ func TestFilterMatch(t *testing.T) {
 	require.False(t, f.Match("x:event:b", "order"))
 	require.False(t, f.Match("x:event:a", "memo"))
 }
+
+// TestReaderLastIDIgnoresIncompleteFrame: a stream cut inside a frame (a
+// write cut at drain, a dropped connection) after its id line but before
+// its end must not move LastID: the event was never delivered, and a
+// client that resumes with LastID would skip it. An EventSource only takes
+// the id over when the frame ends.
+func TestReaderLastIDIgnoresIncompleteFrame(t *testing.T) {
+	t.Parallel()
+	r := NewReader(strings.NewReader("id: 1-1\nevent: a\ndata: x\n\nid: 2-2\nevent: a\ndata: {\"n\""))
+	ev, err := r.Next()
+	require.NoError(t, err)
+	require.Equal(t, "1-1", ev.ID)
+	_, err = r.Next()
+	require.ErrorIs(t, err, io.EOF)
+	require.Equal(t, "1-1", r.LastID(), "the cut frame's id was taken over")
+}
