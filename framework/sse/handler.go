@@ -120,7 +120,11 @@ func (s *stream) run(ctx context.Context, c echo.Context, tenant string, f Filte
 	}
 	if resume {
 		if err := s.h.replay(ctx, tenant, f, s.last, s.sub.from, s); err != nil {
-			if ctx.Err() == nil && !errors.Is(err, errWrite) && !errors.Is(err, ErrClosed) {
+			switch {
+			case errors.Is(err, errPrunedDuringReplay):
+				s.h.log.Info("sse replay ended: a prune deleted events it had yet to send; the client's resume will be refused",
+					"tenant_id", tenant, "request_id", web.RequestID(c))
+			case ctx.Err() == nil && !errors.Is(err, errWrite) && !errors.Is(err, ErrClosed):
 				s.h.log.Warn("sse replay failed", "tenant_id", tenant, "request_id", web.RequestID(c), "error", err)
 			}
 			return
@@ -256,13 +260,25 @@ func (h *Hub) replay(ctx context.Context, tenant string, f Filter, after, upTo e
 		default:
 		}
 		var recs []eventstore.Record
+		var pruned bool
 		err := h.inTenant(ctx, tenant, func(db eventstore.DB) error {
 			var err error
 			recs, err = eventstore.ReadAfterFiltered(ctx, db, after, h.cfg.ReplayBatch, eventstore.ReadOptions{Types: f.Types})
-			return err
+			if err != nil {
+				return err
+			}
+			// After the read: a prune that committed before it (its
+			// marks and deletions commit together) shows here.
+			return db.QueryRow(ctx, prunedAfterSQL, after.CommitKey, after.Position, h.sentTypes(f), f.StreamTypes).Scan(&pruned)
 		})
 		if err != nil {
 			return fmt.Errorf("sse: replay: %w", err)
+		}
+		if pruned {
+			// Events after the cursor were deleted since the resume was
+			// checked, maybe before this page was read: end the stream
+			// rather than skip them; the client's resume is refused then.
+			return errPrunedDuringReplay
 		}
 		var frames [][]byte
 		var last eventstore.Cursor
@@ -292,6 +308,9 @@ func (h *Hub) replay(ctx context.Context, tenant string, f Filter, after, upTo e
 		}
 	}
 }
+
+// errPrunedDuringReplay ends a replay that a prune overtook.
+var errPrunedDuringReplay = errors.New("sse: events to replay were pruned meanwhile")
 
 // errWrite marks a failed write to the client.
 var errWrite = errors.New("sse: write to client failed")

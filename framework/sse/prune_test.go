@@ -1,9 +1,14 @@
 package sse_test
 
 import (
+	"bufio"
+	"cmp"
 	"context"
 	"fmt"
+	"net"
 	"net/http"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -12,6 +17,7 @@ import (
 
 	"github.com/kumiko-go/kumiko/framework"
 	"github.com/kumiko-go/kumiko/framework/retention"
+	"github.com/kumiko-go/kumiko/framework/sse"
 )
 
 // Ping is the payload of the pub/sub type sse-test:event:ping.
@@ -69,4 +75,77 @@ func TestResumeAcrossPrune(t *testing.T) {
 	// (Tenant other's ping after it was pruned too: another tenant's prune
 	// refuses no acme client.)
 	require.Len(t, after.waitFor(t, 1), 1)
+}
+
+// TestPruneDuringReplayEndsTheStream: a prune that commits while a
+// resumed client's replay is under way deletes events the replay has not
+// read yet. The replay must not skip them silently (and then go live, as if
+// nothing were missing): it ends the stream, and the client's resume from
+// its last event is the 400 of a cursor across pruned events.
+func TestPruneDuringReplayEndsTheStream(t *testing.T) {
+	t.Parallel()
+	const n = 200
+	var ping framework.EventType[Ping]
+	b := setupWith(t, &sse.Config{ReplayBatch: 5, WriteTimeout: time.Minute}, func(reg *framework.Registry) {
+		ping = framework.DefineEvent[Ping](reg.Feature("sse-pub"), "ping", &framework.EventOptions{PubSub: true})
+	})
+	ctx := context.Background()
+	big := strings.Repeat("x", 40<<10)
+	b.note(t, "acme", "memo", 0, "") // the resuming client's last event
+	for i := range n {
+		_, err := b.rt.InTx(ctx, "acme", framework.Metadata{}, func(_ context.Context, tx *framework.Tx) error {
+			return tx.Append(framework.Stream{Type: "ping", ID: uuid.NewString()}, framework.NoStream, ping.With(Ping{N: i}))
+		})
+		require.NoError(t, err)
+		b.note(t, "acme", "memo", i+1, big) // keeps the pages large
+	}
+	log := b.logOf(t, "acme")
+	last, err := sse.ParseEventID(log[len(log)-1])
+	require.NoError(t, err)
+	eventually(t, "hub past the backlog", func() bool { return !b.hub.Position().Less(last) })
+
+	// A client with a small receive buffer: its replay blocks in a write
+	// long before the end of the 8 MB backlog.
+	d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+		return cmp.Or(err, serr)
+	}}
+	conn, err := d.Dial("tcp", strings.TrimPrefix(b.url, "http://"))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	_, err = fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer %s\r\n%s: %s\r\n\r\n",
+		sse.Path, b.token(t, "acme"), sse.HeaderLastEventID, log[0])
+	require.NoError(t, err)
+	eventually(t, "replay blocked in a write", func() bool { return sse.Writing(b.hub) == 1 })
+
+	// Meanwhile the pings are pruned.
+	_, err = b.db.Pool.Exec(ctx, `UPDATE events SET created_at = now() - interval '40 days' WHERE type = 'sse-pub:event:ping'`)
+	require.NoError(t, err)
+	b.db.WaitVisible(t)
+	require.Eventually(t, func() bool {
+		_, err = retention.Prune(ctx, b.db.Pool, b.reg, &retention.Options{OlderThanDays: 30})
+		return err == nil
+	}, wait, 20*time.Millisecond)
+
+	// The client reads on: what it gets is an unbroken prefix of the log,
+	// and where it ends short, resuming is refused.
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(wait)))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	rd := sse.NewReader(resp.Body)
+	var got []string
+	for len(got) < len(log)-1 {
+		ev, err := rd.Next()
+		if err != nil {
+			break
+		}
+		got = append(got, ev.ID)
+	}
+	require.Equal(t, log[1:1+len(got)], got, "the replay skipped pruned events")
+	require.Less(t, len(got), len(log)-1, "the prune came after the whole replay: the test proves nothing")
+	code, body := b.status(t, request{tenant: "acme", lastID: rd.LastID()})
+	require.Equal(t, http.StatusBadRequest, code, body)
+	require.Contains(t, body, "were pruned")
 }
