@@ -1,12 +1,21 @@
 package sse_test
 
 import (
+	"bufio"
+	"cmp"
+	"fmt"
 	"io"
+	"net"
+	"net/http"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/golang-jwt/jwt/v5"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kumiko-go/kumiko/framework/sse"
 )
 
 // TestStreamEndsWhenTokenExpires: a stream lives no longer than the token
@@ -34,4 +43,61 @@ func TestStreamEndsWhenTokenExpires(t *testing.T) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	require.ErrorIs(t, c.err, io.EOF, "the stream ends normally")
+}
+
+// TestReplayEndsWhenTokenExpires: the token bounds a resumed stream's
+// replay too, not only its live part: a slow client resuming a long
+// backlog with a token about to expire does not read on past it.
+func TestReplayEndsWhenTokenExpires(t *testing.T) {
+	t.Parallel()
+	const n = 200
+	b := setup(t, &sse.Config{ReplayBatch: 5, WriteTimeout: time.Minute})
+	big := strings.Repeat("x", 40<<10)
+	for i := range n {
+		b.note(t, "acme", "memo", i, big)
+	}
+	log := b.logOf(t, "acme")
+	last, err := sse.ParseEventID(log[n-1])
+	require.NoError(t, err)
+	eventually(t, "hub past the backlog", func() bool { return !b.hub.Position().Less(last) })
+	// Within the 30 s leeway for about three more seconds.
+	tok := jwt.NewWithClaims(jwt.SigningMethodHS256, jwt.MapClaims{"sub": "u1", "tenantId": "acme",
+		"iat": time.Now().Add(-time.Hour).Unix(), "exp": time.Now().Add(-27 * time.Second).Unix()})
+	tok.Header["kid"] = "k1"
+	signed, err := tok.SignedString([]byte("0123456789abcdef0123456789abcdef"))
+	require.NoError(t, err)
+
+	// A slow reader: 4 KB every 10 ms, about 20 s for the 8 MB backlog,
+	// behind a small receive buffer.
+	d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+		return cmp.Or(err, serr)
+	}}
+	conn, err := d.Dial("tcp", strings.TrimPrefix(b.url, "http://"))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	_, err = fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer %s\r\n%s: %s\r\n\r\n",
+		sse.Path, signed, sse.HeaderLastEventID, log[0])
+	require.NoError(t, err)
+	start := time.Now()
+	require.NoError(t, conn.SetReadDeadline(start.Add(wait)))
+	resp, err := http.ReadResponse(bufio.NewReader(readerFunc(func(p []byte) (int, error) {
+		time.Sleep(10 * time.Millisecond)
+		return conn.Read(p[:min(len(p), 4096)])
+	})), nil)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	rd := sse.NewReader(resp.Body)
+	var got int
+	for {
+		if _, err = rd.Next(); err != nil {
+			break
+		}
+		got++
+	}
+	require.ErrorIs(t, err, io.EOF, "the stream ends normally")
+	require.Less(t, got, n-1, "the replay ran to its end")
+	require.Less(t, time.Since(start), 12*time.Second, "the replay outlived its token by far")
 }

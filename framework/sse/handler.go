@@ -124,7 +124,7 @@ func (s *stream) run(ctx context.Context, c echo.Context, tenant string, f Filte
 			case errors.Is(err, errPrunedDuringReplay):
 				s.h.log.Info("sse replay ended: a prune deleted events it had yet to send; the client's resume will be refused",
 					"tenant_id", tenant, "request_id", web.RequestID(c))
-			case ctx.Err() == nil && !errors.Is(err, errWrite) && !errors.Is(err, ErrClosed):
+			case ctx.Err() == nil && !errors.Is(err, errWrite) && !errors.Is(err, ErrClosed) && !errors.Is(err, errTokenExpired):
 				s.h.log.Warn("sse replay failed", "tenant_id", tenant, "request_id", web.RequestID(c), "error", err)
 			}
 			return
@@ -259,6 +259,10 @@ func (h *Hub) replay(ctx context.Context, tenant string, f Filter, after, upTo e
 			return ErrClosed
 		default:
 		}
+		if !st.expires.IsZero() && !time.Now().Before(st.expires) {
+			// The token bounds the replay as it bounds the live stream.
+			return errTokenExpired
+		}
 		var recs []eventstore.Record
 		var pruned bool
 		err := h.inTenant(ctx, tenant, func(db eventstore.DB) error {
@@ -308,6 +312,9 @@ func (h *Hub) replay(ctx context.Context, tenant string, f Filter, after, upTo e
 		}
 	}
 }
+
+// errTokenExpired ends a replay that outlived its token.
+var errTokenExpired = errors.New("sse: the stream's token expired")
 
 // errPrunedDuringReplay ends a replay that a prune overtook.
 var errPrunedDuringReplay = errors.New("sse: events to replay were pruned meanwhile")
