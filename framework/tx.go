@@ -284,13 +284,23 @@ func (t *Tx) Flush(ctx context.Context) ([]Envelope, error) {
 		}
 		for _, env := range written {
 			for _, p := range t.reg.inline[env.Type] {
-				if err := p.Apply(ctx, t, env); err != nil {
+				if err := t.applyInline(ctx, p, env); err != nil {
 					t.inlineErr = err
 					return nil, err
 				}
 			}
 		}
 	}
+}
+
+// applyInline runs inline projection p for env. What p appends was caused
+// by env: those events carry env's id as causation id (and [Tx.CausationID]
+// returns it while p runs), as the appends of a multi-stream projection do.
+func (t *Tx) applyInline(ctx context.Context, p *Projection, env Envelope) error {
+	cause := t.meta.CausationID
+	t.meta.CausationID = strconv.FormatInt(env.Position, 10)
+	defer func() { t.meta.CausationID = cause }()
+	return p.Apply(ctx, t, env)
 }
 
 // needsFlush reports whether the transaction holds events whose inline

@@ -788,6 +788,49 @@ func TestInlineProjectionSeesEventsFlushedByReads(t *testing.T) {
 	require.Equal(t, int64(1), b.count(t, `SELECT count(*) FROM order_customers WHERE order_id = $1`, id))
 }
 
+// An event appended by an inline projection was caused by the event the
+// projection handles, as one appended by a multi-stream projection is: its
+// causation id is that event's id (README, the event log's metadata), not
+// the request id of the write it runs in; the correlation id stays the
+// write's. Tx.CausationID says so inside the projection.
+func TestInlineProjectionAppendsAreCausedByTheirEvent(t *testing.T) {
+	t.Parallel()
+	var inProjection []string
+	b := newRTBundle(t, func(r *framework.Registry, o *orders.Feature) {
+		f := r.Feature("tx-test")
+		ev := framework.DefineEvent[noted](f, "noted", nil)
+		p := framework.InlineProjection(f, "order-notes")
+		framework.On(p, o.Placed, func(ctx context.Context, tx *framework.Tx, e framework.Event[orders.Placed]) error {
+			inProjection = append(inProjection, tx.CausationID())
+			return tx.Append(framework.Stream{Type: "note", ID: e.Payload.OrderID}, framework.NoStream, ev.With(noted{Text: "placed"}))
+		})
+	})
+	id := b.place(t, "t1", "ada")
+	var placedAt int64
+	require.NoError(t, b.db.Pool.QueryRow(t.Context(), `SELECT position FROM events WHERE stream_type = 'order' AND stream_id = $1`, id).Scan(&placedAt))
+	var m framework.Metadata
+	require.NoError(t, b.db.Pool.QueryRow(t.Context(), `SELECT metadata FROM events WHERE stream_type = 'note' AND stream_id = $1`, id).Scan(&m))
+	cause := fmt.Sprint(placedAt)
+	require.Equal(t, framework.Metadata{UserID: "u-t1", RequestID: "req-u-t1", CorrelationID: "req-u-t1", CausationID: cause}, m)
+	require.Equal(t, []string{cause}, inProjection)
+
+	// The handler's own later appends are the request's again.
+	var after string
+	_, err := b.rt.InTx(t.Context(), "t1", framework.Metadata{CausationID: "job-1"}, func(ctx context.Context, tx *framework.Tx) error {
+		other := uuid.NewString()
+		if err := tx.Append(orderStream(other), framework.NoStream, b.orders.Placed.With(orders.Placed{OrderID: other, Customer: "bob"})); err != nil {
+			return err
+		}
+		if _, err := tx.Flush(ctx); err != nil {
+			return err
+		}
+		after = tx.CausationID()
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, "job-1", after)
+}
+
 // hookedInput is the payload of tx-test:write:hooked; FailAt names the
 // step that fails.
 type hookedInput struct {
