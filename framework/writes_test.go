@@ -2,6 +2,8 @@ package framework_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"sync"
 	"testing"
@@ -101,4 +103,20 @@ func TestBatchConflictNamesTheAppendingCommand(t *testing.T) {
 		require.NoError(t, b.db.Pool.QueryRow(t.Context(), `SELECT customer FROM orders`).Scan(&c))
 		return c
 	}())
+}
+
+// A stream id too large for the log's index (a client's value a feature
+// takes as its aggregate id, without a max tag) is the client's doing: a
+// 400 validation_error, not a 500, and nothing of the write persists.
+func TestStreamIDTooLargeForTheIndexIsAValidationError(t *testing.T) {
+	t.Parallel()
+	b := newRTBundle(t, func(r *framework.Registry, _ *orders.Feature) { registerTouch(r) })
+	// Random, so that Postgres cannot compress it under the index's limit.
+	raw := make([]byte, 3000)
+	_, _ = rand.Read(raw)
+	_, err := b.write(t, callAs("t1", "alice"), "writes-test:write:touch", touchInput{Stream: hex.EncodeToString(raw)})
+	e := framework.ToError(err)
+	require.Equal(t, framework.CodeValidation, e.Code, "%v", err)
+	require.Contains(t, e.Message, "too large")
+	b.requireNothingPersisted(t)
 }
