@@ -143,6 +143,44 @@ func TestWriteWhoseStatementOutlivedTheHandlersDeadline(t *testing.T) {
 	b.place(t, "t1", "after")
 }
 
+// quantityInput is the payload of encode-test's writes.
+type quantityInput struct {
+	Quantity int64 `json:"quantity"`
+}
+
+// A value the driver cannot encode for its parameter (a client's number
+// too large for an int4, which the handler did not bound with a validator
+// tag) fails the write as the handler's error, wherever the statement
+// comes: not as 503 unavailable, which says the database is down and a
+// retry may pass. pgx closes the connection when the statement is the
+// transaction's first, pipelined with BEGIN, though the server never saw
+// anything wrong. Nothing persists, and the next write works.
+func TestValueTheDriverCannotEncodeIsNotUnavailable(t *testing.T) {
+	t.Parallel()
+	b := newRTBundle(t, func(r *framework.Registry, _ *orders.Feature) {
+		f := r.Feature("encode-test")
+		framework.Write(f, "first", func(ctx context.Context, tx *framework.Tx, in quantityInput) (struct{}, error) {
+			_, err := tx.Exec(ctx, `INSERT INTO orders (tenant_id, id, customer, amount_cents) VALUES ($1, gen_random_uuid(), 'x', $2::int4)`, tx.TenantID(), in.Quantity)
+			return struct{}{}, err
+		}, nil)
+		framework.Write(f, "second", func(ctx context.Context, tx *framework.Tx, in quantityInput) (struct{}, error) {
+			if _, err := tx.Exec(ctx, `SELECT $1::text`, "begun"); err != nil {
+				return struct{}{}, err
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO orders (tenant_id, id, customer, amount_cents) VALUES ($1, gen_random_uuid(), 'x', $2::int4)`, tx.TenantID(), in.Quantity)
+			return struct{}{}, err
+		}, nil)
+	})
+	for _, typ := range []string{"encode-test:write:first", "encode-test:write:second"} {
+		_, err := b.write(t, callAs("t1", "u-t1"), typ, quantityInput{Quantity: 3_000_000_000})
+		require.Error(t, err, typ)
+		require.Equal(t, framework.CodeInternal, framework.ToError(err).Code, "%s: %v", typ, err)
+		require.ErrorContains(t, err, "greater than maximum value for int4", typ)
+		b.requireNothingPersisted(t)
+	}
+	b.place(t, "t1", "after")
+}
+
 // DatabaseUnreachable tells an outage (retried, a warning) from a failure
 // the server answered or a context that ended.
 func TestDatabaseUnreachable(t *testing.T) {

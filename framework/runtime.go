@@ -567,7 +567,20 @@ func connectionLost(c *pgx.Conn, err error) bool {
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
 		return sessionEnded(pgErr)
 	}
+	if encodeFailed(err) {
+		return false
+	}
 	return c.IsClosed()
+}
+
+// encodeFailed reports whether err is pgx's refusal to encode an argument
+// of a pipelined statement (a value out of its parameter's range, say):
+// pgx closes the connection then, though nothing was sent and the server
+// is fine. Its ErrPreprocessingBatch keeps the step unexported; "build" is
+// the client-side encoding (the other step, "prepare", is the server's).
+func encodeFailed(err error) bool {
+	pe, ok := errors.AsType[pgx.ErrPreprocessingBatch](err)
+	return ok && strings.HasPrefix(pe.Error(), "error preprocessing batch (build)")
 }
 
 // sessionEnded reports whether the server's error ended the session: 57P01
