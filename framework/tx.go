@@ -384,6 +384,8 @@ func translatePg(err error) *Error {
 		return &Error{Code: CodeConflict, Message: "conflict with a concurrent write, retry", Err: err}
 	case "22001": // string_data_right_truncation
 		return &Error{Code: CodeValidation, Message: "value too long", Err: err}
+	case "22003": // numeric_value_out_of_range: a number too large for its column or for jsonb
+		return &Error{Code: CodeValidation, Message: "a value is out of range", Err: err}
 	case "54000": // program_limit_exceeded: a value over a size limit, such as an index row's (a long stream id or unique key)
 		return &Error{Code: CodeValidation, Message: "a value is too large for the database (" + pgErr.Message + ")", Err: err}
 	case "22021", "22P05": // character_not_in_repertoire, untranslatable_character: a NUL in text or jsonb, or bytes that are not UTF-8

@@ -271,6 +271,35 @@ func TestNULInAValueIsAValidationError(t *testing.T) {
 	b.requireNothingPersisted(t)
 }
 
+// measured is the payload of tx-test:event:measured: a number kept as the
+// client wrote it.
+type measured struct {
+	Value json.Number `json:"value" validate:"required"`
+}
+
+// A number valid in JSON but beyond what Postgres' jsonb stores (an
+// exponent of a million; SQLSTATE 22003), in a payload type that keeps it
+// as written (json.Number, json.RawMessage), is the client's bad input: a
+// validation_error, not an internal error, and nothing persists.
+func TestNumberOutOfRangeInAPayloadIsAValidationError(t *testing.T) {
+	t.Parallel()
+	b := newRTBundle(t, func(r *framework.Registry, _ *orders.Feature) {
+		f := r.Feature("tx-test")
+		ev := framework.DefineEvent[measured](f, "measured", nil)
+		framework.Write(f, "measure", func(ctx context.Context, tx *framework.Tx, in measured) (struct{}, error) {
+			return struct{}{}, tx.Append(orderStream(uuid.NewString()), framework.NoStream, ev.With(in))
+		}, nil)
+	})
+	for _, n := range []string{"1e999999", "-1e999999", "1e-999999"} {
+		_, err := b.rt.Write(t.Context(), callAs("t1", "alice"),
+			[]framework.Command{{Type: "tx-test:write:measure", Payload: json.RawMessage(`{"value":` + n + `}`)}})
+		e := framework.ToError(err)
+		require.Equal(t, framework.CodeValidation, e.Code, "%s: %v", n, err)
+		require.Contains(t, e.Message, "out of range", n)
+		b.requireNothingPersisted(t)
+	}
+}
+
 // personV2 is version 2 of tx-test:event:person-named; version 1 stored
 // {"name": ...}.
 type personV2 struct {
