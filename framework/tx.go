@@ -68,9 +68,9 @@ type Tx struct {
 	// flushed holds the envelopes written and not yet handed to the inline
 	// projections.
 	flushed []Envelope
-	// inlineErr is the error of an inline projection that failed; every
-	// later flush returns it.
-	inlineErr error
+	// flushErr is the error of a flush that failed (writing its events or
+	// running an inline projection); every later flush returns it.
+	flushErr error
 	// written counts every event this Tx wrote.
 	written int
 	// done is set when the transaction ended (see [Tx.end]).
@@ -248,16 +248,16 @@ func (t *Tx) queueFlush(b *pgx.Batch) error {
 // written and projected in turn, until none are left. It returns the events
 // it wrote. A failing write (such as a *[ConcurrencyError]) or inline
 // projection returns its error; the transaction must then be rolled back.
-// A failed inline projection's error is returned by every later Flush too
-// (and [Tx.HasPending] reports true), so an event whose projection failed
-// in a read's flush cannot commit when the handler ignores the read's
-// error.
+// That error is returned by every later Flush too (and [Tx.HasPending]
+// reports true), so a transaction whose events were not all written, or
+// whose event's projection failed, in a read's flush cannot commit when the
+// handler ignores the read's error (or rolls back to a savepoint).
 func (t *Tx) Flush(ctx context.Context) ([]Envelope, error) {
 	if t.done {
 		return nil, ErrTxDone
 	}
-	if t.inlineErr != nil {
-		return nil, t.inlineErr
+	if t.flushErr != nil {
+		return nil, t.flushErr
 	}
 	var out []Envelope
 	for {
@@ -267,6 +267,10 @@ func (t *Tx) Flush(ctx context.Context) ([]Envelope, error) {
 				return nil, err
 			}
 			if err := t.db.SendBatch(ctx, b).Close(); err != nil {
+				// The appends queued behind the failure were never
+				// written: nothing may commit without them, also when
+				// the caller goes on (past a savepoint it rolled back).
+				t.flushErr = err
 				return nil, err
 			}
 		}
@@ -285,7 +289,7 @@ func (t *Tx) Flush(ctx context.Context) ([]Envelope, error) {
 		for _, env := range written {
 			for _, p := range t.reg.inline[env.Type] {
 				if err := t.applyInline(ctx, p, env); err != nil {
-					t.inlineErr = err
+					t.flushErr = err
 					return nil, err
 				}
 			}
@@ -304,10 +308,10 @@ func (t *Tx) applyInline(ctx context.Context, p *Projection, env Envelope) error
 }
 
 // needsFlush reports whether the transaction holds events whose inline
-// projections have not run (buffered, or written by a flush that failed);
-// other buffered events can wait for the COMMIT.
+// projections have not run (buffered), or a flush failed; other buffered
+// events can wait for the COMMIT.
 func (t *Tx) needsFlush() bool {
-	if t.inlineErr != nil {
+	if t.flushErr != nil {
 		return true
 	}
 	if len(t.reg.inline) == 0 {
@@ -425,9 +429,9 @@ func ReuseEventTx(t *Tx, db DB, reg *Registry, env Envelope) *Tx {
 	return t
 }
 
-// HasPending reports whether appended events wait to be written, or an
-// inline projection failed (the next [Tx.Flush] returns its error).
-func (t *Tx) HasPending() bool { return len(t.pending) > 0 || t.inlineErr != nil }
+// HasPending reports whether appended events wait to be written, or a
+// flush failed (the next [Tx.Flush] returns its error).
+func (t *Tx) HasPending() bool { return len(t.pending) > 0 || t.flushErr != nil }
 
 // Written returns how many events this Tx has written so far.
 func (t *Tx) Written() int { return t.written }

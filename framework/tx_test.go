@@ -860,6 +860,55 @@ func TestInlineProjectionAppendsAreCausedByTheirEvent(t *testing.T) {
 	require.Equal(t, "job-1", after)
 }
 
+// A write of buffered events that failed (here a version conflict) fails
+// the transaction for good, as a failed inline projection does (Flush: the
+// transaction must then be rolled back), also when the handler goes on
+// past the error: with a savepoint rolled back, an event it appended
+// before the savepoint but that was buffered until the failed flush would
+// be lost while the write answered success, and its inline projection's
+// row committed for an event the log does not hold.
+func TestFailedFlushFailsTheWriteEvenWhenIgnored(t *testing.T) {
+	t.Parallel()
+	b := newRTBundle(t, func(r *framework.Registry, o *orders.Feature) {
+		f := r.Feature("tx-test")
+		p := framework.InlineProjection(f, "order-customers")
+		framework.On(p, o.Placed, func(ctx context.Context, tx *framework.Tx, e framework.Event[orders.Placed]) error {
+			_, err := tx.Exec(ctx, `INSERT INTO order_customers (tenant_id, order_id, customer, version) VALUES ($1, $2, $3, $4)`,
+				e.TenantID, e.Payload.OrderID, e.Payload.Customer, e.Version)
+			return err
+		})
+		framework.Write(f, "try-create", func(ctx context.Context, tx *framework.Tx, in struct {
+			Existing string `json:"existing"`
+		}) (struct{}, error) {
+			id := uuid.NewString()
+			if err := tx.Append(orderStream(id), framework.NoStream, o.Placed.With(orders.Placed{OrderID: id, Customer: "kept"})); err != nil {
+				return struct{}{}, err
+			}
+			if _, err := tx.Exec(ctx, "SAVEPOINT try_create"); err != nil {
+				return struct{}{}, err
+			}
+			if err := tx.Append(orderStream(in.Existing), framework.NoStream, o.Placed.With(orders.Placed{OrderID: in.Existing, Customer: "again"})); err != nil {
+				return struct{}{}, err
+			}
+			_, err := tx.Flush(ctx)
+			if _, ok := errors.AsType[*framework.ConcurrencyError](err); !ok {
+				return struct{}{}, err
+			}
+			// The stream exists: undo the attempt and go on.
+			_, err = tx.Exec(ctx, "ROLLBACK TO SAVEPOINT try_create")
+			return struct{}{}, err
+		}, nil)
+	}, orderCustomersSchema)
+	existing := b.place(t, "t1", "ada")
+	events, rows := b.count(t, `SELECT count(*) FROM events`), b.count(t, `SELECT count(*) FROM order_customers`)
+
+	_, err := b.write(t, callAs("t1", "alice"), "tx-test:write:try-create", map[string]string{"existing": existing})
+	require.Error(t, err)
+	require.Equal(t, framework.CodeVersionConflict, framework.ToError(err).Code, "%v", err)
+	require.Equal(t, events, b.count(t, `SELECT count(*) FROM events`))
+	require.Equal(t, rows, b.count(t, `SELECT count(*) FROM order_customers`), "no projection row without its event")
+}
+
 // hookedInput is the payload of tx-test:write:hooked; FailAt names the
 // step that fails.
 type hookedInput struct {
