@@ -2,13 +2,9 @@ package sse_test
 
 import (
 	"bufio"
-	"cmp"
-	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -69,17 +65,7 @@ func TestReplayEndsWhenTokenExpires(t *testing.T) {
 
 	// A slow reader: 4 KB every 10 ms, about 20 s for the 8 MB backlog,
 	// behind a small receive buffer.
-	d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
-		var serr error
-		err := c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
-		return cmp.Or(err, serr)
-	}}
-	conn, err := d.Dial("tcp", strings.TrimPrefix(b.url, "http://"))
-	require.NoError(t, err)
-	t.Cleanup(func() { conn.Close() })
-	_, err = fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer %s\r\n%s: %s\r\n\r\n",
-		sse.Path, signed, sse.HeaderLastEventID, log[0])
-	require.NoError(t, err)
+	conn := b.dialResume(t, signed, log[0])
 	start := time.Now()
 	require.NoError(t, conn.SetReadDeadline(start.Add(wait)))
 	resp, err := http.ReadResponse(bufio.NewReader(readerFunc(func(p []byte) (int, error) {

@@ -1,14 +1,17 @@
 package sse_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -317,3 +320,24 @@ func eventually(t *testing.T, what string, cond func() bool) {
 var _ = errors.Is
 var _ = strings.Contains
 var _ = eventstore.ParseCursor
+
+// dialResume opens a raw stream of the token's caller resuming after
+// lastID, from a socket with a small receive buffer (set before connecting,
+// so that the window is small from the start: shrinking it later stalls
+// TCP). The request is sent; the caller reads the response off the
+// connection, or leaves it unread so that the replay blocks in a write.
+func (b *bundle) dialResume(t *testing.T, token, lastID string) net.Conn {
+	t.Helper()
+	d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
+		var serr error
+		err := c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
+		return cmp.Or(err, serr)
+	}}
+	conn, err := d.Dial("tcp", strings.TrimPrefix(b.url, "http://"))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	_, err = fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer %s\r\n%s: %s\r\n\r\n",
+		sse.Path, token, sse.HeaderLastEventID, lastID)
+	require.NoError(t, err)
+	return conn
+}

@@ -2,13 +2,10 @@ package sse_test
 
 import (
 	"bufio"
-	"cmp"
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -106,17 +103,7 @@ func TestPruneDuringReplayEndsTheStream(t *testing.T) {
 
 	// A client with a small receive buffer: its replay blocks in a write
 	// long before the end of the 8 MB backlog.
-	d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
-		var serr error
-		err := c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
-		return cmp.Or(err, serr)
-	}}
-	conn, err := d.Dial("tcp", strings.TrimPrefix(b.url, "http://"))
-	require.NoError(t, err)
-	t.Cleanup(func() { conn.Close() })
-	_, err = fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer %s\r\n%s: %s\r\n\r\n",
-		sse.Path, b.token(t, "acme"), sse.HeaderLastEventID, log[0])
-	require.NoError(t, err)
+	conn := b.dialResume(t, b.token(t, "acme"), log[0])
 	eventually(t, "replay blocked in a write", func() bool { return sse.Writing(b.hub) == 1 })
 
 	// Meanwhile the pings are pruned.

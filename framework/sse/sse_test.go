@@ -2,7 +2,6 @@ package sse_test
 
 import (
 	"bufio"
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -13,7 +12,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -415,22 +413,7 @@ func TestCloseDuringReplay(t *testing.T) {
 	require.NoError(t, err)
 	// Subscribed from here on, both clients get the whole backlog by replay.
 	eventually(t, "hub past the backlog", func() bool { return !b.hub.Position().Less(last) })
-	dial := func() net.Conn {
-		// A small receive buffer, set before connecting so that the
-		// window is small from the start (shrinking it later stalls TCP).
-		d := net.Dialer{Control: func(_, _ string, c syscall.RawConn) error {
-			var serr error
-			err := c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
-			return cmp.Or(err, serr)
-		}}
-		conn, err := d.Dial("tcp", strings.TrimPrefix(b.url, "http://"))
-		require.NoError(t, err)
-		t.Cleanup(func() { conn.Close() })
-		_, err = fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer %s\r\n%s: %s\r\n\r\n",
-			sse.Path, b.token(t, "acme"), sse.HeaderLastEventID, log[0])
-		require.NoError(t, err)
-		return conn
-	}
+	dial := func() net.Conn { return b.dialResume(t, b.token(t, "acme"), log[0]) }
 
 	// The stuck client: its handler fills the socket buffers (8 MB of
 	// backlog is more than they hold) and blocks in a write.
