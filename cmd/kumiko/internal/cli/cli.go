@@ -34,7 +34,15 @@ import (
 func Main(ctx context.Context, args []string, register func(*framework.Registry, *config.Config), routes func(*web.Server)) int {
 	root := Root(register, routes)
 	root.SetArgs(args)
-	if err := root.ExecuteContext(ctx); err != nil {
+	out := &outputWriter{w: root.OutOrStdout()}
+	root.SetOut(out)
+	err := root.ExecuteContext(ctx)
+	if err == nil && out.err != nil {
+		// Output that did not reach stdout (a full disk under `kumiko
+		// token > token.txt`) is a failure, not an exit code 0.
+		err = fmt.Errorf("write output: %w", out.err)
+	}
+	if err != nil {
 		fmt.Fprintln(root.ErrOrStderr(), "kumiko:", err)
 		if ctx.Err() != nil {
 			// A signal (Ctrl-C, SIGTERM) ended ctx: the error above is
@@ -48,6 +56,22 @@ func Main(ctx context.Context, args []string, register func(*framework.Registry,
 		return 1
 	}
 	return 0
+}
+
+// outputWriter passes writes to w and keeps the first write error: the
+// commands print with fmt.Fprint*, whose errors they do not check.
+type outputWriter struct {
+	w   io.Writer
+	err error
+}
+
+// Write writes p to w, recording its error.
+func (o *outputWriter) Write(p []byte) (int, error) {
+	n, err := o.w.Write(p)
+	if err != nil && o.err == nil {
+		o.err = err
+	}
+	return n, err
 }
 
 // Root builds the command tree; routes (nil for none) are the application's

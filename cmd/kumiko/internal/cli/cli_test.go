@@ -361,3 +361,25 @@ func TestBlankSelectorFlagsAreRefused(t *testing.T) {
 		require.Empty(t, out, args)
 	}
 }
+
+// TestOutputWriteFailureFails: a command whose output cannot be written
+// (stdout on a full disk, `kumiko token > token.txt`) fails with exit code
+// 1 and says so on stderr, instead of exiting 0 with the output lost.
+func TestOutputWriteFailureFails(t *testing.T) {
+	t.Setenv("JWT_SECRET", strings.Repeat("s", 40))
+	full, err := os.OpenFile("/dev/full", os.O_WRONLY, 0)
+	require.NoError(t, err)
+	defer full.Close()
+	r, w, err := os.Pipe()
+	require.NoError(t, err)
+	oldOut, oldErr := os.Stdout, os.Stderr
+	os.Stdout, os.Stderr = full, w
+	code := cli.Main(context.Background(), []string{"token", "--tenant", "acme", "--user", "alice"}, nil, nil)
+	os.Stdout, os.Stderr = oldOut, oldErr
+	require.NoError(t, w.Close())
+	stderr, err := io.ReadAll(r)
+	require.NoError(t, err)
+	require.Equal(t, 1, code)
+	require.Contains(t, string(stderr), "kumiko: write output: ")
+	require.Contains(t, string(stderr), "no space left on device")
+}
