@@ -106,3 +106,12 @@ func unusedDatabase(t *testing.T, prefix string) (string, *pgx.Conn) {
 	})
 	return name, admin
 }
+
+// TestMigrateRefusesAnUnknownVerbFirst: `kumiko migrate down` (there is no
+// down) says the verb is unknown, whatever the configuration, rather than
+// that DATABASE_URL is required or what a connection attempt answered.
+func TestMigrateRefusesAnUnknownVerbFirst(t *testing.T) {
+	t.Setenv("DATABASE_URL", "")
+	_, err := execute("migrate", "down")
+	require.EqualError(t, err, `unknown migrate verb "down" (want up or status)`)
+}
