@@ -726,15 +726,21 @@ func LoadForRegistry() (*Config, error) {
 	}, false)
 }
 
-// LoadJWTKeys reads only JWT_SECRET (for `kumiko token`).
+// LoadJWTKeys reads only JWT_SECRET (for `kumiko token`), which it
+// requires. Like [FromLookup], it fails with an [errors.Join] of one
+// [*VarError] per problem.
 func LoadJWTKeys() ([]JWTKey, error) {
 	v, ok := os.LookupEnv("JWT_SECRET")
 	if !ok || v == "" {
-		return nil, &VarError{Name: "JWT_SECRET", Err: errors.New("is required")}
+		return nil, &VarError{Name: "JWT_SECRET", Err: errors.New("required")}
 	}
-	keys, err := ParseJWTKeys(v)
-	if err != nil {
-		return nil, &VarError{Name: "JWT_SECRET", Err: err}
+	keys, errs := parseJWTKeys(v)
+	if len(errs) > 0 {
+		varErrs := make([]error, len(errs))
+		for i, err := range errs {
+			varErrs[i] = &VarError{Name: "JWT_SECRET", Err: err}
+		}
+		return nil, errors.Join(varErrs...)
 	}
 	return keys, nil
 }

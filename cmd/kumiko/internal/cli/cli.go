@@ -340,7 +340,7 @@ func tokenCmd() *cobra.Command {
 			}
 			ck, err := config.LoadJWTKeys()
 			if err != nil {
-				return err
+				return fmt.Errorf("configuration:\n%w", err)
 			}
 			keys := make([]auth.Key, len(ck))
 			for i, k := range ck {

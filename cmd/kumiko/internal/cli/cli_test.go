@@ -383,3 +383,17 @@ func TestOutputWriteFailureFails(t *testing.T) {
 	require.Contains(t, string(stderr), "kumiko: write output: ")
 	require.Contains(t, string(stderr), "no space left on device")
 }
+
+// TestTokenReportsJWTSecretAsConfiguration: `kumiko token` reports a bad
+// JWT_SECRET as the other commands report their configuration: under
+// "configuration:", one line per problem, each naming the variable.
+func TestTokenReportsJWTSecretAsConfiguration(t *testing.T) {
+	t.Setenv("JWT_SECRET", "a:short,a:"+strings.Repeat("s", 20))
+	_, err := execute("token", "--tenant", "acme", "--user", "alice")
+	require.EqualError(t, err, "configuration:\n"+
+		"JWT_SECRET: entry 1: secret must be at least 16 bytes, got 5\n"+
+		"JWT_SECRET: entry 2: key id is already used by entry 1")
+	t.Setenv("JWT_SECRET", "")
+	_, err = execute("token", "--tenant", "acme", "--user", "alice")
+	require.EqualError(t, err, "configuration:\nJWT_SECRET: required")
+}
