@@ -32,7 +32,8 @@ func consumerCmd(register func(*framework.Registry, *config.Config)) *cobra.Comm
 		Long: `Inspect and operate the dispatcher's event consumers in DATABASE_URL.
 
 States: idle (delivering), processing (a pass runs now), dead (the same event
-failed MaxAttempts times; paused until restart, skip or rewind), disabled
+failed MaxAttempts times; paused until restart, skip or rewind, or an
+automatic revival after 5 minutes, at most 3 times in a row), disabled
 (parked by an operator until enable). Every verb takes the consumer's lock, so
 it waits for a running pass and never races one. --instance selects a
 per-instance consumer's row (default: the shared row __shared__).`,

@@ -144,7 +144,7 @@ func jobsRetryCmd() *cobra.Command {
 	var lane string
 	cmd := &cobra.Command{
 		Use:   "retry ID",
-		Short: "Run an archived job run again now (ID from `kumiko jobs list`)",
+		Short: "Run an archived job run (or one waiting for its retry, or scheduled) again now (ID from `kumiko jobs list`)",
 		Args:  oneName("ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			in, closeFn, err := jobsInspector()
