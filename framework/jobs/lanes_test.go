@@ -75,6 +75,10 @@ func TestEnqueueOnlyRunnerConsumesNothing(t *testing.T) {
 	r := b.runner(t, &jobs.Config{})
 	id, err := r.Client().Dispatch(context.Background(), "test:job:work", noted{N: 1}, nil)
 	require.NoError(t, err)
+	// Many poll intervals (10 ms) of a lane: a runner that consumed one
+	// would have run it by now.
+	time.Sleep(300 * time.Millisecond)
+	require.Zero(t, b.count(t, `SELECT count(*) FROM runs`), "a runner without lanes ran a job")
 	in := r.Inspector()
 	pending, err := in.List(context.Background(), &jobs.ListOptions{State: jobs.StatePending, Lane: framework.RunInWorker})
 	require.NoError(t, err)
