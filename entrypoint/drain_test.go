@@ -223,12 +223,14 @@ func TestStartsBeforePostgres(t *testing.T) {
 			p := start(t, "early-"+mode, procEnv(mode, dbURL, rds.URL, "early-"+mode))
 
 			// Several connect timeouts (1 s each) and registration retries.
+			answered := 0
 			for until := time.Now().Add(3 * time.Second); time.Now().Before(until); {
 				require.True(t, p.running(), "exited while Postgres did not answer")
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 				code, body, err := get(ctx, p.url+"/health/ready")
 				cancel()
 				if err == nil {
+					answered++
 					require.Equal(t, http.StatusServiceUnavailable, code, string(body))
 					var r readiness
 					require.NoError(t, json.Unmarshal(body, &r), string(body))
@@ -236,6 +238,7 @@ func TestStartsBeforePostgres(t *testing.T) {
 				}
 				time.Sleep(100 * time.Millisecond)
 			}
+			require.Positive(t, answered, "/health/ready never answered while Postgres did not")
 
 			px.setDown(false)
 			p.waitReady(t)
