@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -84,25 +83,21 @@ func TestJobsBootValidation(t *testing.T) {
 	require.ErrorContains(t, err, "entrypoint: features:")
 	require.ErrorContains(t, err, "job ops-test:job:everywhere: runIn both is not allowed")
 
-	// With RunLocalJobs the api process consumes the api lane: it boots.
+	// With RunLocalJobs the api process consumes the api lane: it boots,
+	// and runs the lane's jobs.
 	rds := jobstest.StartRedis(t)
-	app, err := entrypoint.New(ctx, entrypoint.Options{Config: jobsConfig(t, "api", db.URL, rds.URL, "KUMIKO_RUN_LOCAL_JOBS", "true"), Register: jobsTestFeature(&healthy)})
+	healthy.Store(true)
+	cfg = jobsConfig(t, "api", db.URL, rds.URL, "KUMIKO_RUN_LOCAL_JOBS", "true")
+	s := serve(t, entrypoint.Options{Config: cfg, Register: jobsTestFeature(&healthy)})
+	require.NotNil(t, s.app.Jobs())
+	require.NotContains(t, s.app.Dispatcher().Consumers(), jobs.ConsumerName, "api processes do not run the job trigger")
+	waitServedReady(t, s)
+	_, err = s.app.Jobs().Client().Dispatch(ctx, "ops-test:job:flaky", map[string]int{"n": 1}, &jobs.DispatchOptions{TenantID: "acme"})
 	require.NoError(t, err)
-	require.NotNil(t, app.Jobs())
-	require.NotContains(t, app.Dispatcher().Consumers(), jobs.ConsumerName, "api processes do not run the job trigger")
-	serveAndStop(t, app) // releases its pools
-}
-
-// serveAndStop serves app briefly and shuts it down.
-func serveAndStop(t *testing.T, app *entrypoint.App) {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- app.Serve(ctx, ln) }()
-	cancel()
-	require.NoError(t, <-done)
+	jobsEventually(t, "the api-lane run in the api process", func() bool {
+		return metric(t, s.app, "kumiko_jobs_succeeded_total") == 1
+	})
+	require.NoError(t, s.stop(t))
 }
 
 // jobsCall posts a command (or any request) with a token and decodes the
