@@ -639,6 +639,17 @@ func TestConcurrentWriterConflictsAfterLockWait(t *testing.T) {
 }
 
 // waitForLockWaiter waits until a session of db waits on a row lock.
+// registerOrderCustomers declares the inline projection tx-test tests
+// read back: a row in order_customers for every order placed.
+func registerOrderCustomers(f *framework.Feature, o *orders.Feature) {
+	p := framework.InlineProjection(f, "order-customers")
+	framework.On(p, o.Placed, func(ctx context.Context, tx *framework.Tx, e framework.Event[orders.Placed]) error {
+		_, err := tx.Exec(ctx, `INSERT INTO order_customers (tenant_id, order_id, customer, version) VALUES ($1, $2, $3, $4)`,
+			e.TenantID, e.Payload.OrderID, e.Payload.Customer, e.Version)
+		return err
+	})
+}
+
 func waitForLockWaiter(t *testing.T, db *kumikotest.DB) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
@@ -781,12 +792,7 @@ func TestInlineProjectionSeesEventsFlushedByReads(t *testing.T) {
 	t.Parallel()
 	b := newRTBundle(t, func(r *framework.Registry, o *orders.Feature) {
 		f := r.Feature("tx-test")
-		p := framework.InlineProjection(f, "order-customers")
-		framework.On(p, o.Placed, func(ctx context.Context, tx *framework.Tx, e framework.Event[orders.Placed]) error {
-			_, err := tx.Exec(ctx, `INSERT INTO order_customers (tenant_id, order_id, customer, version) VALUES ($1, $2, $3, $4)`,
-				e.TenantID, e.Payload.OrderID, e.Payload.Customer, e.Version)
-			return err
-		})
+		registerOrderCustomers(f, o)
 		framework.Write(f, "place-and-read", func(ctx context.Context, tx *framework.Tx, _ struct{}) (string, error) {
 			id := uuid.NewString()
 			if err := tx.Append(orderStream(id), framework.NoStream, o.Placed.With(orders.Placed{OrderID: id, Customer: "ada"})); err != nil {
@@ -871,12 +877,7 @@ func TestFailedFlushFailsTheWriteEvenWhenIgnored(t *testing.T) {
 	t.Parallel()
 	b := newRTBundle(t, func(r *framework.Registry, o *orders.Feature) {
 		f := r.Feature("tx-test")
-		p := framework.InlineProjection(f, "order-customers")
-		framework.On(p, o.Placed, func(ctx context.Context, tx *framework.Tx, e framework.Event[orders.Placed]) error {
-			_, err := tx.Exec(ctx, `INSERT INTO order_customers (tenant_id, order_id, customer, version) VALUES ($1, $2, $3, $4)`,
-				e.TenantID, e.Payload.OrderID, e.Payload.Customer, e.Version)
-			return err
-		})
+		registerOrderCustomers(f, o)
 		framework.Write(f, "try-create", func(ctx context.Context, tx *framework.Tx, in struct {
 			Existing string `json:"existing"`
 		}) (struct{}, error) {
