@@ -246,7 +246,8 @@ func toError(err error) error {
 	case errors.Is(err, dispatcher.ErrConsumerNotFound), errors.Is(err, dispatcher.ErrEventNotFound):
 		return &framework.Error{Code: framework.CodeNotFound, Message: err.Error(), Err: err}
 	case errors.Is(err, dispatcher.ErrNothingToSkip), errors.Is(err, dispatcher.ErrRewindForward),
-		errors.Is(err, dispatcher.ErrConsumerBusy), errors.Is(err, dispatcher.ErrInstanceAlive):
+		errors.Is(err, dispatcher.ErrConsumerBusy), errors.Is(err, dispatcher.ErrInstanceAlive),
+		errors.Is(err, dispatcher.ErrRebuildConsumer):
 		return &framework.Error{Code: framework.CodeConflict, Message: err.Error(), Err: err}
 	}
 	return err

@@ -192,3 +192,13 @@ func TestAdminRefusesABlankName(t *testing.T) {
 		require.Equal(t, "validation failed: "+c.field+" is required", e.Error.Message, "%s %s %s", c.method, c.path, c.body)
 	}
 }
+
+// TestAdminRefusesVerbsOnARebuildsRow: skip on NAME#rebuild (the name
+// escaped, '#' would end the path) is the dispatcher's refusal as 409.
+func TestAdminRefusesVerbsOnARebuildsRow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	e := b.do(t, http.MethodPost, "/api/admin/consumers/adm:healthy%23rebuild/skip", b.token(t, "admin"), "")
+	requireError(t, e, http.StatusConflict, "conflict")
+	require.Contains(t, e.Error.Message, "kumiko projection rebuild adm:healthy --abandon")
+}

@@ -99,6 +99,15 @@ func (e *StateError) Error() string {
 	return fmt.Sprintf("consumer %s is %s; %s needs %s", label(e.Name, e.Instance), e.Status, e.Verb, e.Want)
 }
 
+// ErrRebuildConsumer is returned (wrapped) by restart, enable, skip and
+// rewind on a projection rebuild's temporary consumer (NAME#rebuild): its
+// cursor belongs to the rebuild.
+var ErrRebuildConsumer = errors.New("dispatcher: a projection rebuild's consumer")
+
+// rebuildSuffix ends the name of a projection rebuild's temporary consumer
+// (rebuild.ConsumerName, a package built on this one).
+const rebuildSuffix = "#rebuild"
+
 // opError is a refusal with a readable message that matches a sentinel.
 type opError struct {
 	msg  string
@@ -411,6 +420,14 @@ FROM event_consumers WHERE name = $1 AND instance_id = $2 FOR UPDATE`
 // overwrite the change) and the state row's row lock, and commits when fn
 // returns nil.
 func withConsumer(ctx context.Context, pool *pgxpool.Pool, verb, name, instance string, fn func(tx pgx.Tx, row opRow) error) error {
+	if projection, ok := strings.CutSuffix(name, rebuildSuffix); ok && verb != "disable" {
+		// Only the rebuild runs this row; skip or rewind would drop or
+		// repeat events in the table it builds, restart or enable run
+		// nothing. Disable stops a running rebuild.
+		return &opError{msg: fmt.Sprintf("consumer %s is a projection rebuild's temporary consumer: %s would drop or repeat events in the table it builds, or run nothing; "+
+			"let the rebuild finish, disable the row to stop it, or remove a killed rebuild's leftover with `kumiko projection rebuild %s --abandon`",
+			framework.Excerpt(name), verb, framework.Excerpt(projection)), kind: ErrRebuildConsumer}
+	}
 	instance = cmp.Or(instance, SharedInstance)
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		timeout := time.Duration(opsLockTimeout.Load())
