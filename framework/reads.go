@@ -23,6 +23,24 @@ type ReadRouter interface {
 	AcquireRead(ctx context.Context, token string) (*pgxpool.Conn, error)
 }
 
+// ReadFailover is a [ReadRouter] that moves a query to the primary when the
+// replica connection it handed out is lost before the query produced its
+// result (the replica stopped, restarted or crashed while the query ran,
+// or ended the connection after the pool checked it): a query is
+// read-only, so the runtime runs it once more, on the connection
+// ReplicaLost returns. Without it, or when a primary connection is lost,
+// the query fails 503 unavailable. framework/replica's router implements
+// it.
+type ReadFailover interface {
+	ReadRouter
+	// AcquireReadConn is AcquireRead that also reports whether the
+	// connection is a replica's (false: a primary connection).
+	AcquireReadConn(ctx context.Context, token string) (conn *pgxpool.Conn, onReplica bool, err error)
+	// ReplicaLost is told that a query lost its replica connection with
+	// err; it returns a primary connection to run the query once more on.
+	ReplicaLost(ctx context.Context, err error) (*pgxpool.Conn, error)
+}
+
 // QueryCacheStore keeps the results of cached queries (declared with
 // [QueryOptions].Cache); framework/cache implements it on Redis. Set it with
 // [RuntimeConfig].QueryCache or [Runtime.SetQueryCache].

@@ -334,15 +334,43 @@ func (rt *Runtime) Query(ctx context.Context, call Call, cmd Command) (any, erro
 	return rt.query(ctx, call, d, in, call.ConsistencyToken)
 }
 
-// query runs d with the decoded input in on a read connection for token.
+// query runs d with the decoded input in on a read connection for token. A
+// query that lost its replica connection runs once more on the primary
+// (see [ReadFailover]).
 func (rt *Runtime) query(ctx context.Context, call Call, d *queryDef, in any, token string) (any, error) {
-	conn, err := rt.acquireRead(ctx, token)
+	conn, onReplica, err := rt.acquireRead(ctx, token)
 	if err != nil {
 		return nil, err
 	}
+	out, err := rt.queryOn(ctx, conn, call, d, in)
+	if err == nil || !onReplica || !queryConnLost(ctx, conn, err) {
+		conn.Release()
+		return out, err
+	}
+	conn.Release()
+	conn, ferr := rt.router.(ReadFailover).ReplicaLost(ctx, err)
+	if ferr != nil {
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		return nil, &Error{Code: CodeUnavailable, Message: "database unavailable", Err: ferr}
+	}
 	defer conn.Release()
+	return rt.queryOn(ctx, conn, call, d, in)
+}
+
+// queryConnLost reports whether a query failed with err because its
+// connection was lost, not because of the query or its context.
+func queryConnLost(ctx context.Context, conn *pgxpool.Conn, err error) bool {
+	return ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) &&
+		connectionLost(conn.Conn(), err)
+}
+
+// queryOn runs d with the decoded input in on conn, in a read-only
+// transaction.
+func (rt *Runtime) queryOn(ctx context.Context, conn *pgxpool.Conn, call Call, d *queryDef, in any) (any, error) {
 	var out any
-	_, err = rt.runOn(ctx, conn, call.Principal.TenantID, call.Principal, call.metadata(), true, nil, func(ctx context.Context, tx *Tx) error {
+	_, err := rt.runOn(ctx, conn, call.Principal.TenantID, call.Principal, call.metadata(), true, nil, func(ctx context.Context, tx *Tx) error {
 		var err error
 		out, err = d.run(ctx, tx, in)
 		return err
@@ -350,18 +378,26 @@ func (rt *Runtime) query(ctx context.Context, call Call, d *queryDef, in any, to
 	return out, err
 }
 
-// acquireRead returns the connection a query with token runs on.
-func (rt *Runtime) acquireRead(ctx context.Context, token string) (*pgxpool.Conn, error) {
+// acquireRead returns the connection a query with token runs on, and
+// whether a [ReadFailover] router took it from the replica.
+func (rt *Runtime) acquireRead(ctx context.Context, token string) (*pgxpool.Conn, bool, error) {
 	if rt.router != nil {
-		conn, err := rt.router.AcquireRead(ctx, token)
+		var conn *pgxpool.Conn
+		var onReplica bool
+		var err error
+		if f, ok := rt.router.(ReadFailover); ok {
+			conn, onReplica, err = f.AcquireReadConn(ctx, token)
+		} else {
+			conn, err = rt.router.AcquireRead(ctx, token)
+		}
 		if err != nil {
 			var fe *Error
 			if errors.As(err, &fe) {
-				return nil, err
+				return nil, false, err
 			}
-			return nil, &Error{Code: CodeUnavailable, Message: "database unavailable", Err: err}
+			return nil, false, &Error{Code: CodeUnavailable, Message: "database unavailable", Err: err}
 		}
-		return conn, nil
+		return conn, onReplica, nil
 	}
 	pool := rt.readPool
 	if token != "" {
@@ -371,9 +407,9 @@ func (rt *Runtime) acquireRead(ctx context.Context, token string) (*pgxpool.Conn
 	}
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
-		return nil, &Error{Code: CodeUnavailable, Message: "database unavailable", Err: err}
+		return nil, false, &Error{Code: CodeUnavailable, Message: "database unavailable", Err: err}
 	}
-	return conn, nil
+	return conn, false, nil
 }
 
 // InTx runs fn in a transaction scoped to tenant (SystemTenantID: all

@@ -25,7 +25,11 @@
 //
 // When the replica cannot be reached or fails a check, the query runs on
 // the primary (kumiko_replica_fallbacks_total{reason="error"}) and so do
-// all queries for [Config].Cooldown (default 1 s). A query with a token
+// all queries for [Config].Cooldown (default 1 s). A query that loses its
+// replica connection before it produced its result (the replica stopped,
+// restarted or crashed while it ran) runs once more on the primary, counted
+// and starting the cooldown the same way ([framework.ReadFailover]); one
+// that loses a primary connection fails 503. A query with a token
 // waits for the replica's answers at most twice WaitTimeout, so a replica
 // that hangs (takes the connection or the check and never answers) counts
 // as failed too; a query without a token has no such bound beyond its

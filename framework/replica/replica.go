@@ -115,11 +115,26 @@ const caughtUpSQL = `SELECT NOT pg_is_in_recovery() OR coalesce(pg_last_wal_repl
 // counts as failed, like one that refuses, instead of holding the query
 // until the caller's context ends.
 func (r *Router) AcquireRead(ctx context.Context, token string) (*pgxpool.Conn, error) {
+	conn, _, err := r.AcquireReadConn(ctx, token)
+	return conn, err
+}
+
+// ReplicaLost implements [framework.ReadFailover]: a query lost its replica
+// connection with err (the replica stopped, restarted or crashed). It
+// counts an error fallback, starts the cooldown and returns a primary
+// connection for the query to run once more on.
+func (r *Router) ReplicaLost(ctx context.Context, err error) (*pgxpool.Conn, error) {
+	return r.fallback(ctx, ReasonError, err)
+}
+
+// AcquireReadConn implements [framework.ReadFailover]: [Router.AcquireRead]
+// that also reports whether the connection is the replica's.
+func (r *Router) AcquireReadConn(ctx context.Context, token string) (*pgxpool.Conn, bool, error) {
 	if token != "" && !framework.ValidConsistencyToken(token) {
-		return nil, &framework.Error{Code: framework.CodeBadRequest, Message: "malformed consistency token: send back the token of a write response unchanged"}
+		return nil, false, &framework.Error{Code: framework.CodeBadRequest, Message: "malformed consistency token: send back the token of a write response unchanged"}
 	}
 	if time.Now().UnixNano() < r.downUntil.Load() {
-		return r.fallback(ctx, ReasonError, nil)
+		return r.fallbackRead(ctx, ReasonError, nil)
 	}
 	deadline := time.Now().Add(r.wait)
 	// actx bounds the replica's answers (acquiring, which may dial or ping,
@@ -134,18 +149,18 @@ func (r *Router) AcquireRead(ctx context.Context, token string) (*pgxpool.Conn, 
 	conn, err := r.replica.Acquire(actx)
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil, err
+			return nil, false, err
 		}
 		if st := r.replica.Stat(); st.AcquiredConns() >= st.MaxConns() {
 			// Every replica connection is in use by other queries: the
 			// replica is busy, not failed. This query goes to the primary,
 			// the others keep the replica (no cooldown).
-			return r.fallback(ctx, ReasonLag, nil)
+			return r.fallbackRead(ctx, ReasonLag, nil)
 		}
-		return r.fallback(ctx, ReasonError, err)
+		return r.fallbackRead(ctx, ReasonError, err)
 	}
 	if token == "" {
-		return conn, nil
+		return conn, true, nil
 	}
 	pause := r.poll
 	for {
@@ -153,30 +168,37 @@ func (r *Router) AcquireRead(ctx context.Context, token string) (*pgxpool.Conn, 
 		if err := conn.QueryRow(actx, caughtUpSQL, token).Scan(&ok); err != nil {
 			conn.Release()
 			if ctx.Err() != nil {
-				return nil, err
+				return nil, false, err
 			}
-			return r.fallback(ctx, ReasonError, err)
+			return r.fallbackRead(ctx, ReasonError, err)
 		}
 		if ok {
-			return conn, nil
+			return conn, true, nil
 		}
 		if time.Until(deadline) < pause {
 			conn.Release()
-			return r.fallback(ctx, ReasonLag, nil)
+			return r.fallbackRead(ctx, ReasonLag, nil)
 		}
 		t := time.NewTimer(pause)
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			conn.Release()
-			return nil, ctx.Err()
+			return nil, false, ctx.Err()
 		case <-t.C:
 		}
 		pause = min(pause*2, 8*r.poll)
 	}
 }
 
-// fallback counts and returns a primary connection.
+// fallbackRead is fallback for AcquireReadConn: no replica connection.
+func (r *Router) fallbackRead(ctx context.Context, reason string, cause error) (*pgxpool.Conn, bool, error) {
+	conn, err := r.fallback(ctx, reason, cause)
+	return conn, false, err
+}
+
+// fallback counts and returns a primary connection; a cause starts the
+// cooldown.
 func (r *Router) fallback(ctx context.Context, reason string, cause error) (*pgxpool.Conn, error) {
 	r.fallbacks.WithLabelValues(reason).Inc()
 	if cause != nil {

@@ -36,6 +36,9 @@ import (
 // ports of their own, in a temporary directory.
 type cluster struct {
 	primary, standby *pgcluster.Server
+	// dir and settings start a stopped server again.
+	dir      *pgcluster.Dir
+	settings []string
 }
 
 // newCluster initialises a primary, migrates a "kumiko" database on it,
@@ -45,7 +48,7 @@ func newCluster(t *testing.T) *cluster {
 	t.Helper()
 	d := pgcluster.New(t)
 	settings := []string{"wal_level=replica", "max_wal_senders=4", "hot_standby=on"}
-	c := &cluster{primary: d.Start(d.InitDB("primary"), settings...)}
+	c := &cluster{primary: d.Start(d.InitDB("primary"), settings...), dir: d, settings: settings}
 
 	admin, err := pgx.Connect(t.Context(), c.primary.URL("postgres"))
 	require.NoError(t, err)
