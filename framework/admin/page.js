@@ -139,6 +139,14 @@
     }
   }
 
+  // A new #token= on the open page (its URL pasted again with a fresh
+  // token) navigates without a reload: take it from there.
+  window.addEventListener('hashchange', function () {
+    if (!new URLSearchParams(location.hash.replace(/^#/, '')).get('token')) { return; }
+    token = takeToken();
+    load();
+  });
+
   load();
   setInterval(load, POLL_MS);
 })();
