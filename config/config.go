@@ -88,12 +88,13 @@ type Config struct {
 
 	// DatabasePoolIdleTimeout closes pooled connections idle for longer,
 	// read from DATABASE_POOL_IDLE_TIMEOUT as a positive Go duration ("30s",
-	// "1m"). Keep it short behind PgBouncer. Defaults to 30s.
+	// "1m") or number of seconds ("30"). Keep it short behind PgBouncer.
+	// Defaults to 30s.
 	DatabasePoolIdleTimeout time.Duration
 
 	// DatabasePoolConnectTimeout bounds establishing one database
-	// connection, read from DATABASE_POOL_CONNECT_TIMEOUT as a Go duration;
-	// 0 disables the bound. Keep it under the 2 s budget of /health/ready.
+	// connection, read from DATABASE_POOL_CONNECT_TIMEOUT as a Go duration
+	// or a number of seconds ("5"); 0 disables the bound. Keep it under the 2 s budget of /health/ready.
 	// Defaults to 5s.
 	DatabasePoolConnectTimeout time.Duration
 
@@ -292,8 +293,8 @@ func fromLookup(lookup func(string) (string, bool), requireDatabase bool) (*Conf
 	c.DatabaseReadURL, replica = l.databaseURL("DATABASE_READ_URL", false)
 	poolMax := l.intRange("DATABASE_POOL_MAX", defaultDatabasePoolMax, 1, maxDatabasePoolMax)
 	c.DatabasePoolMax = int32(poolMax) //nolint:gosec // intRange bounds it to 1..1000.
-	c.DatabasePoolIdleTimeout = l.duration("DATABASE_POOL_IDLE_TIMEOUT", defaultDatabasePoolIdle, false)
-	c.DatabasePoolConnectTimeout = l.duration("DATABASE_POOL_CONNECT_TIMEOUT", defaultDatabasePoolConnect, true)
+	c.DatabasePoolIdleTimeout = l.poolTimeout("DATABASE_POOL_IDLE_TIMEOUT", defaultDatabasePoolIdle, false)
+	c.DatabasePoolConnectTimeout = l.poolTimeout("DATABASE_POOL_CONNECT_TIMEOUT", defaultDatabasePoolConnect, true)
 	c.RedisURL = l.redisURL("REDIS_URL")
 	c.RedisConnectTimeout = l.millis("REDIS_CONNECT_TIMEOUT_MS", defaultRedisConnectTimeout, false, 0)
 	c.RedisCommandTimeout = l.millis("REDIS_COMMAND_TIMEOUT_MS", defaultRedisCommandTimeout, true, maxRedisCommandTimeout)
@@ -539,6 +540,38 @@ func (l *loader) duration(name string, def time.Duration, allowZero bool) time.D
 		}
 	default:
 		return d
+	}
+	return def
+}
+
+// poolTimeout reads a pool timeout: a Go duration ("30s"), or a bare
+// integer number of seconds, the form Kumiko's scaling guide documents for
+// these variables (idleTimeoutSeconds, connectTimeoutSeconds), so its
+// environment files keep working.
+func (l *loader) poolTimeout(name string, def time.Duration, allowZero bool) time.Duration {
+	v, ok := l.get(name)
+	if !ok {
+		return def
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		if _, derr := time.ParseDuration(v); derr != nil {
+			l.failf(name, "must be a duration such as \"30s\" or \"1m\", or a number of seconds, got %q", v)
+			return def
+		}
+		return l.duration(name, def, allowZero)
+	}
+	switch {
+	case n < 0 || (n == 0 && !allowZero):
+		if allowZero {
+			l.failf(name, "must not be negative, got %q", v)
+		} else {
+			l.failf(name, "must be a positive duration, got %q", v)
+		}
+	case n > int64(math.MaxInt64/time.Second):
+		l.failf(name, "must be a duration such as \"30s\" or \"1m\", or a number of seconds, got %q", v)
+	default:
+		return time.Duration(n) * time.Second
 	}
 	return def
 }

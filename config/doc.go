@@ -22,7 +22,8 @@
 // A variable set to the empty string counts as unset and gets its default.
 // Durations named *_MS are whole numbers of milliseconds;
 // DATABASE_POOL_IDLE_TIMEOUT and DATABASE_POOL_CONNECT_TIMEOUT are Go
-// durations such as "30s" or "1m". Booleans are true, false, 1 or 0.
+// durations such as "30s" or "1m", or whole numbers of seconds ("30"), as
+// Kumiko's scaling guide sets them. Booleans are true, false, 1 or 0.
 //
 // # Variables
 //
