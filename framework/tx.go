@@ -173,7 +173,9 @@ var ErrReadOnly = errors.New("kumiko: append in a read-only transaction")
 // expected version ([AnyVersion], [NoStream], or the version the stream must
 // be at). It checks each event at the call site: an event type not declared
 // in this registry is an error, and a payload that fails its validator tags
-// is a *[ValidationError]; nothing is buffered then. A version mismatch is
+// is a *[ValidationError]; nothing is buffered then, and the transaction
+// fails with that error when it would commit, also if the caller ignores it
+// (its other writes must not commit without the event). A version mismatch is
 // reported when the events are written, as a *[ConcurrencyError].
 func (t *Tx) Append(stream Stream, expectedVersion int64, events ...PendingEvent) error {
 	if t.done {
@@ -182,32 +184,49 @@ func (t *Tx) Append(stream Stream, expectedVersion int64, events ...PendingEvent
 	if t.readOnly {
 		return ErrReadOnly
 	}
-	if stream.Type == "" || stream.ID == "" {
-		return fmt.Errorf("kumiko: append to incomplete stream %q", stream.String())
-	}
-	if len(events) == 0 {
-		return eventstore.ErrEmptyAppend
-	}
-	if expectedVersion < AnyVersion {
-		return fmt.Errorf("kumiko: invalid expected version %d", expectedVersion)
-	}
-	out := make([]eventstore.NewEvent, 0, len(events))
-	for _, e := range events {
-		if e.def == nil || t.reg.events[e.def.qualified] != e.def {
-			return fmt.Errorf("kumiko: append of undeclared event type %q (declare it with DefineEvent in this registry)", e.Type())
+	out, err := t.newEvents(stream, expectedVersion, events)
+	if err != nil {
+		// A refused append fails the transaction, also when the handler
+		// drops this error: its business writes must not commit without
+		// the event (the next Flush, and so the commit, returns it). An
+		// empty append loses nothing.
+		if t.flushErr == nil && !errors.Is(err, eventstore.ErrEmptyAppend) {
+			t.flushErr = err
 		}
-		if err := ValidatePayload(e.payload); err != nil {
-			return err
-		}
-		b, err := json.Marshal(e.payload)
-		if err != nil {
-			return fmt.Errorf("kumiko: encode %s payload: %w", e.def.qualified, err)
-		}
-		out = append(out, eventstore.NewEvent{Type: e.def.qualified, TypeVersion: e.def.version, Payload: b, Metadata: t.meta})
+		return err
 	}
 	ref := eventstore.StreamRef{TenantID: t.tenant, Type: stream.Type, ID: stream.ID}
 	t.pending = append(t.pending, pendingAppend{stream: ref, expected: expectedVersion, events: out, cmd: t.cmd})
 	return nil
+}
+
+// newEvents checks an append (stream, expected version, declared types,
+// payloads) and encodes its events.
+func (t *Tx) newEvents(stream Stream, expectedVersion int64, events []PendingEvent) ([]eventstore.NewEvent, error) {
+	if stream.Type == "" || stream.ID == "" {
+		return nil, fmt.Errorf("kumiko: append to incomplete stream %q", stream.String())
+	}
+	if len(events) == 0 {
+		return nil, eventstore.ErrEmptyAppend
+	}
+	if expectedVersion < AnyVersion {
+		return nil, fmt.Errorf("kumiko: invalid expected version %d", expectedVersion)
+	}
+	out := make([]eventstore.NewEvent, 0, len(events))
+	for _, e := range events {
+		if e.def == nil || t.reg.events[e.def.qualified] != e.def {
+			return nil, fmt.Errorf("kumiko: append of undeclared event type %q (declare it with DefineEvent in this registry)", e.Type())
+		}
+		if err := ValidatePayload(e.payload); err != nil {
+			return nil, err
+		}
+		b, err := json.Marshal(e.payload)
+		if err != nil {
+			return nil, fmt.Errorf("kumiko: encode %s payload: %w", e.def.qualified, err)
+		}
+		out = append(out, eventstore.NewEvent{Type: e.def.qualified, TypeVersion: e.def.version, Payload: b, Metadata: t.meta})
+	}
+	return out, nil
 }
 
 // queueFlush queues every pending append on b in lock order (streams
