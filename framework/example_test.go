@@ -252,16 +252,16 @@ func ExampleMultiStreamProjection() {
 	hub := framework.MultiStreamProjection(shop, "live-hub", &framework.ProjectionOptions{
 		Delivery: framework.DeliveryPerInstance, RunIn: framework.RunInAPI, MaxAttempts: 3,
 	})
+	framework.On(hub, placed, func(context.Context, *framework.Tx, framework.Event[shopPlaced]) error { return nil })
 	fmt.Println(r.Build())
 	for _, p := range r.Projections() {
 		o := p.Options()
 		fmt.Printf("%s %s table=%q delivery=%s runIn=%s maxAttempts=%d types=%v\n",
 			p.Name(), p.Kind(), o.Table, o.Delivery, o.RunIn, o.MaxAttempts, p.EventTypes())
 	}
-	_ = hub
 	// Output:
 	// <nil>
-	// shop:live-hub multi-stream table="" delivery=per-instance runIn=api maxAttempts=3 types=[]
+	// shop:live-hub multi-stream table="" delivery=per-instance runIn=api maxAttempts=3 types=[shop:event:placed]
 	// shop:revenue multi-stream table="shop_revenue" delivery=shared runIn=worker maxAttempts=10 types=[shop:event:placed]
 }
 

@@ -96,6 +96,8 @@ type Projection struct {
 	opts     ProjectionOptions
 	handlers map[string]ApplyFunc
 	types    []string
+	// ons counts the On calls, also refused ones (they report themselves).
+	ons int
 }
 
 // MultiStreamProjection registers the consumer name ("<feature>:<name>" is
@@ -169,6 +171,7 @@ func registerProjection(f *Feature, name string, kind ProjectionKind, o Projecti
 // is a registration problem.
 func On[T any](p *Projection, ev EventType[T], fn func(ctx context.Context, tx *Tx, e Event[T]) error) {
 	p.reg.mustBeOpen()
+	p.ons++
 	if ev.def == nil || p.reg.events[ev.def.qualified] != ev.def {
 		p.reg.problem("projection %s handles undeclared event %q", p.name, ev.Name())
 		return

@@ -148,10 +148,17 @@ func (r *Registry) Build() error {
 		r.built = true
 		r.inline = map[string][]*Projection{}
 		for _, name := range sortedKeys(r.projections) {
-			if p := r.projections[name]; p.kind == KindInline {
+			p := r.projections[name]
+			if p.kind == KindInline {
 				for _, t := range p.types {
 					r.inline[t] = append(r.inline[t], p)
 				}
+			}
+			if p.kind == KindMultiStream && p.ons == 0 {
+				// Its consumer would read every type (no types is all
+				// of them to the dispatcher), pinning retention and
+				// showing lag over the whole log, and apply nothing.
+				r.problemLocked("projection %s handles no event: add its handlers with framework.On", p.name)
 			}
 		}
 	}

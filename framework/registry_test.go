@@ -117,6 +117,8 @@ func TestBuildReportsEveryProblemAtOnce(t *testing.T) {
 		`kumiko: projection shop:audit: runIn "nowhere" is not api, worker or both`,
 		`kumiko: projection shop:audit: batch size -1 is negative`,
 		`kumiko: projection shop:audit: max attempts -3 is negative`,
+		`kumiko: projection shop:Audit handles no event: add its handlers with framework.On`,
+		`kumiko: projection shop:audit handles no event: add its handlers with framework.On`,
 	}
 
 	err := r.Build()
@@ -187,7 +189,8 @@ func TestNamesMustBeKebabCase(t *testing.T) {
 		framework.DefineEvent[regPayload](f, tc.name, nil)
 		framework.Write(f, tc.name, regWrite, nil)
 		framework.Query(f, tc.name, regQuery, nil)
-		framework.MultiStreamProjection(f, tc.name, nil)
+		placed := framework.DefineEvent[regPayload](f, "placed", nil)
+		framework.On(framework.MultiStreamProjection(f, tc.name, nil), placed, regApply)
 		r.Feature(tc.name)
 		err := r.Build()
 		if tc.ok {
@@ -319,7 +322,22 @@ func TestRegistrationAfterBuildPanics(t *testing.T) {
 func TestPerInstanceSagaIsRefused(t *testing.T) {
 	r := framework.NewRegistry()
 	f := r.Feature("shop")
-	framework.MultiStreamProjection(f, "shipping", &framework.ProjectionOptions{Saga: true, Delivery: framework.DeliveryPerInstance})
-	framework.MultiStreamProjection(f, "billing", &framework.ProjectionOptions{Saga: true})
+	placed := framework.DefineEvent[regPayload](f, "placed", nil)
+	framework.On(framework.MultiStreamProjection(f, "shipping", &framework.ProjectionOptions{Saga: true, Delivery: framework.DeliveryPerInstance}), placed, regApply)
+	framework.On(framework.MultiStreamProjection(f, "billing", &framework.ProjectionOptions{Saga: true}), placed, regApply)
 	require.EqualError(t, r.Build(), "kumiko: projection shop:shipping: a saga cannot have per-instance delivery: every process would append its events once")
+}
+
+// A multi-stream projection without handlers (its framework.On calls
+// forgotten) would read every event type: its cursor would pin retention
+// of every type and show lag over the whole log while it applies nothing.
+// The boot refuses it, naming the projection.
+func TestProjectionWithoutHandlersIsRefused(t *testing.T) {
+	t.Parallel()
+	r := framework.NewRegistry()
+	f := r.Feature("shop")
+	placed := framework.DefineEvent[regPayload](f, "placed", nil)
+	framework.On(framework.MultiStreamProjection(f, "totals", nil), placed, regApply)
+	framework.MultiStreamProjection(f, "audit", nil)
+	require.EqualError(t, r.Build(), "kumiko: projection shop:audit handles no event: add its handlers with framework.On")
 }
