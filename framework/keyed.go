@@ -2,10 +2,13 @@ package framework
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // KeyedEvent is an event that a write keyed with an idempotency key
@@ -68,7 +71,7 @@ func (rt *Runtime) KeyedEvents(ctx context.Context, p Principal, key string, win
 	}
 	defer conn.Release()
 	var out []KeyedEvent
-	_, err = rt.runOn(ctx, conn, p.TenantID, p, Metadata{UserID: p.UserID}, true, nil, func(ctx context.Context, tx *Tx) error {
+	_, err = rt.runOn(ctx, conn, p.TenantID, p, Metadata{UserID: p.UserID}, true, nil, time.Time{}, func(ctx context.Context, tx *Tx) error {
 		// Wait for a keyed write of the dead owner that may still be
 		// under way in the database (its process is gone, its backend
 		// not yet: a statement waiting for a lock, with the COMMIT
@@ -92,4 +95,41 @@ func (rt *Runtime) KeyedEvents(ctx context.Context, p Principal, key string, win
 		return nil, &Error{Code: CodeUnavailable, Message: "database unavailable", Err: fmt.Errorf("keyed events: %w", err)}
 	}
 	return out, nil
+}
+
+// keyedGuardSQL fails (invalid_text_representation, with the message
+// keyedGuardMessage) when events with the key of another owner of the user
+// were committed since $5: this owner's claim was taken over, and the
+// newer owner ran the write. It runs in the write's transaction, after the
+// key's advisory lock (taken with BEGIN), so that it sees what such an
+// owner committed before; one that takes the key over later waits for this
+// transaction in its KeyedEvents. The bound keeps the index scan of a
+// healthy claim empty (it lies in the future).
+const keyedGuardSQL = `SELECT CASE WHEN n > 0 THEN ('` + keyedGuardMessage + `' || n)::int END FROM (
+  SELECT count(*) AS n FROM (SELECT 1 FROM events
+    WHERE created_at >= $5 AND tenant_id = $1 AND metadata->>'idempotencyKey' = $3
+      AND metadata->>'userId' = $2 AND metadata->>'idempotencyOwner' IS DISTINCT FROM $4 LIMIT 1) e) s`
+
+// keyedGuardMessage starts the value keyedGuardSQL fails to cast.
+const keyedGuardMessage = "kumiko: idempotency key taken over, events of another owner: "
+
+// queueKeyedGuard queues keyedGuardSQL in b; *takenOver is set when it
+// fails for its reason.
+func queueKeyedGuard(b *pgx.Batch, tenant string, meta Metadata, since time.Time, takenOver *bool) {
+	b.Queue(keyedGuardSQL, tenant, meta.UserID, meta.IdempotencyKey, meta.IdempotencyOwner, since).QueryRow(func(r pgx.Row) error {
+		var v *int32
+		err := r.Scan(&v)
+		if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == "22P02" && strings.Contains(pgErr.Message, keyedGuardMessage) {
+			*takenOver = true
+		}
+		return err
+	})
+}
+
+// errKeyTakenOver is the error of a keyed write that keyedGuardSQL stopped.
+func errKeyTakenOver(key string) error {
+	return &Error{Code: CodeConflict,
+		Message: "this request's claim of its idempotency key ran out while it ran, and another request with the key " +
+			"took it over and committed the write; nothing of this request was committed",
+		Details: map[string]any{"idempotencyKey": key, "committed": true}}
 }

@@ -137,6 +137,15 @@ type Call struct {
 	// IdempotencyReclaimedFrom is the owner whose claim ran out before this
 	// call's owner took the key over, recorded beside the key.
 	IdempotencyReclaimedFrom string
+	// IdempotencyLeaseUntil is when the claim of IdempotencyKey may end at
+	// the earliest (its lease, less a margin for clock offsets): no other
+	// owner can take the key over before it. When set, a write checks
+	// before its COMMIT, under the key's advisory lock (see
+	// [Runtime.KeyedEvents]), that no other owner committed events with the
+	// key since then; if one did (this owner's lease ran out while it still
+	// ran, and the owner that took the key over ran the write), nothing is
+	// committed and the write fails with CodeConflict.
+	IdempotencyLeaseUntil time.Time
 	// ConsistencyToken is the token of an earlier write (see
 	// [Runtime.WriteWithToken]); a query that carries one reads that write
 	// or a later state, and skips the query cache.
@@ -244,7 +253,7 @@ func (rt *Runtime) write(ctx context.Context, call Call, cmds []Command, withTok
 	// same streams in different command orders then lock them in one order
 	// and cannot deadlock. Each append remembers its command, so a failed
 	// append (a version conflict) is still attributed to it.
-	_, err := rt.inTx(ctx, call.Principal.TenantID, call.Principal, call.metadata(), token, func(ctx context.Context, tx *Tx) error {
+	_, err := rt.inTx(ctx, call.Principal.TenantID, call.Principal, call.metadata(), token, call.IdempotencyLeaseUntil, func(ctx context.Context, tx *Tx) error {
 		wtx = tx
 		for i, c := range cmds {
 			tx.cmd = i
@@ -370,7 +379,7 @@ func queryConnLost(ctx context.Context, conn *pgxpool.Conn, err error) bool {
 // transaction.
 func (rt *Runtime) queryOn(ctx context.Context, conn *pgxpool.Conn, call Call, d *queryDef, in any) (any, error) {
 	var out any
-	_, err := rt.runOn(ctx, conn, call.Principal.TenantID, call.Principal, call.metadata(), true, nil, func(ctx context.Context, tx *Tx) error {
+	_, err := rt.runOn(ctx, conn, call.Principal.TenantID, call.Principal, call.metadata(), true, nil, time.Time{}, func(ctx context.Context, tx *Tx) error {
 		var err error
 		out, err = d.run(ctx, tx, in)
 		return err
@@ -416,12 +425,13 @@ func (rt *Runtime) acquireRead(ctx context.Context, token string) (*pgxpool.Conn
 // tenants) with the given metadata, writes its buffered events (running
 // inline projections) and commits. It returns the number of events written.
 func (rt *Runtime) InTx(ctx context.Context, tenant string, meta Metadata, fn func(ctx context.Context, tx *Tx) error) (int, error) {
-	return rt.inTx(ctx, tenant, Principal{UserID: meta.UserID, TenantID: tenant}, meta, nil, fn)
+	return rt.inTx(ctx, tenant, Principal{UserID: meta.UserID, TenantID: tenant}, meta, nil, time.Time{}, fn)
 }
 
 // inTx runs fn in a writing transaction on the primary; a non-nil token
-// receives the commit's consistency token.
-func (rt *Runtime) inTx(ctx context.Context, tenant string, p Principal, meta Metadata, token *string, fn func(ctx context.Context, tx *Tx) error) (int, error) {
+// receives the commit's consistency token. A non-zero leaseUntil guards a
+// keyed write's COMMIT (see [Call].IdempotencyLeaseUntil).
+func (rt *Runtime) inTx(ctx context.Context, tenant string, p Principal, meta Metadata, token *string, leaseUntil time.Time, fn func(ctx context.Context, tx *Tx) error) (int, error) {
 	if reason := rt.WritesBlocked(); reason != nil {
 		return 0, &Error{Code: CodeUnavailable, Message: "writes are paused until an operator repairs the database (see the server log)", Err: reason}
 	}
@@ -430,7 +440,7 @@ func (rt *Runtime) inTx(ctx context.Context, tenant string, p Principal, meta Me
 		return 0, &Error{Code: CodeUnavailable, Message: "database unavailable", Err: err}
 	}
 	defer conn.Release()
-	return rt.runOn(ctx, conn, tenant, p, meta, false, token, func(ctx context.Context, tx *Tx) error {
+	return rt.runOn(ctx, conn, tenant, p, meta, false, token, leaseUntil, func(ctx context.Context, tx *Tx) error {
 		if err := fn(ctx, tx); err != nil {
 			return err
 		}
@@ -445,7 +455,9 @@ func (rt *Runtime) inTx(ctx context.Context, tenant string, p Principal, meta Me
 // runOn begins a scoped transaction on conn, runs fn and commits,
 // pipelining buffered appends with the COMMIT. A non-nil token receives the
 // WAL insert position read right after the COMMIT in the same pipeline.
-func (rt *Runtime) runOn(ctx context.Context, conn *pgxpool.Conn, tenant string, p Principal, meta Metadata, readOnly bool, token *string, fn func(ctx context.Context, tx *Tx) error) (int, error) {
+// A non-zero leaseUntil queues the check of a keyed write's claim before
+// the COMMIT (see [Call].IdempotencyLeaseUntil).
+func (rt *Runtime) runOn(ctx context.Context, conn *pgxpool.Conn, tenant string, p Principal, meta Metadata, readOnly bool, token *string, leaseUntil time.Time, fn func(ctx context.Context, tx *Tx) error) (int, error) {
 	// BEGIN and the tenant scope travel with the transaction's first
 	// statement (or with the COMMIT batch): one round trip less.
 	opts := tenancy.Options{ReadOnly: readOnly}
@@ -476,6 +488,10 @@ func (rt *Runtime) runOn(ctx context.Context, conn *pgxpool.Conn, tenant string,
 		}
 		return 0, err
 	}
+	takenOver := false
+	if !readOnly && meta.IdempotencyKey != "" && !leaseUntil.IsZero() {
+		queueKeyedGuard(b, tenant, meta, leaseUntil, &takenOver)
+	}
 	committed := false
 	b.Queue("COMMIT").Exec(func(ct pgconn.CommandTag) error {
 		if ct.String() != "COMMIT" {
@@ -496,6 +512,9 @@ func (rt *Runtime) runOn(ctx context.Context, conn *pgxpool.Conn, tenant string,
 	if err := lz.SendBatch(ctx, b).Close(); err != nil {
 		if !committed {
 			rollback(conn.Conn())
+			if takenOver {
+				return 0, errKeyTakenOver(meta.IdempotencyKey)
+			}
 			if endedBeforeCommit(err) || readOnly {
 				// The server ended the connection with an error before the
 				// COMMIT completed: it did not commit. A read-only

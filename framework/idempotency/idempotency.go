@@ -317,6 +317,7 @@ func (s *Store) Begin(ctx context.Context, sc Scope, fp string) (*Claim, *Respon
 	pause := 5 * time.Millisecond
 	ride := s.rideAlong()
 	for {
+		sent := time.Now()
 		cctx, cancel := context.WithTimeout(ctx, s.call)
 		res, err := s.cmd.RunThen(cctx, claimScript, []string{key}, s.releaseLate(key, owner),
 			owner, fp, s.lease.Milliseconds(), s.ttl.Milliseconds()).Slice()
@@ -334,12 +335,12 @@ func (s *Store) Begin(ctx context.Context, sc Scope, fp string) (*Claim, *Respon
 		kind, _ := res[0].(string)
 		switch kind {
 		case "claimed":
-			return s.newClaim(key, owner, ""), nil, nil
+			return s.newClaim(key, owner, "", sent), nil, nil
 		case "reclaimed":
 			prev, _ := res[1].(string)
 			s.reclaims.Inc()
 			s.log.Warn("idempotency key reclaimed after its owner's lease ran out", "key", sc.Key, "previous_owner", prev, "owner", owner)
-			c := s.newClaim(key, owner, prev)
+			c := s.newClaim(key, owner, prev, sent)
 			if len(res) > 2 {
 				age, _ := res[2].(string)
 				if ms, err := strconv.ParseInt(age, 10, 64); err == nil && ms >= 0 {
@@ -476,10 +477,14 @@ type Claim struct {
 	mu      sync.Mutex
 	timer   *time.Timer
 	stopped bool
+	// heldUntil (guarded by mu) is when the lease ends at the earliest: the
+	// time the claim or its last successful renewal was sent, plus the
+	// lease (Redis set it from a later reading of its clock).
+	heldUntil time.Time
 }
 
-func (s *Store) newClaim(key, owner, previous string) *Claim {
-	c := &Claim{s: s, key: key, owner: owner, previous: previous}
+func (s *Store) newClaim(key, owner, previous string, sent time.Time) *Claim {
+	c := &Claim{s: s, key: key, owner: owner, previous: previous, heldUntil: sent.Add(s.lease)}
 	c.mu.Lock()
 	c.timer = time.AfterFunc(s.lease/3, c.renew)
 	c.mu.Unlock()
@@ -488,6 +493,15 @@ func (s *Store) newClaim(key, owner, previous string) *Claim {
 
 // Owner returns the claim's owner token.
 func (c *Claim) Owner() string { return c.owner }
+
+// HeldUntil returns when the claim's lease ends at the earliest, on this
+// process's clock, as far as its successful claim and renewals tell: no
+// other owner can take the key over before it. Renewals move it on.
+func (c *Claim) HeldUntil() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.heldUntil
+}
 
 // PreviousOwner returns the owner whose expired lease this claim took over
 // ("" for a fresh claim).
@@ -510,6 +524,7 @@ func (c *Claim) renew() {
 	if stopped {
 		return
 	}
+	sent := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), c.s.lease/3)
 	ok, err := c.s.cmd.Run(ctx, renewScript, []string{c.key}, c.owner, c.s.lease.Milliseconds(), c.s.ttl.Milliseconds()).Int()
 	cancel()
@@ -524,6 +539,8 @@ func (c *Claim) renew() {
 	case ok == 0:
 		c.s.log.Warn("idempotency claim lost to another owner", "owner", c.owner)
 		return
+	default:
+		c.heldUntil = sent.Add(c.s.lease)
 	}
 	c.timer.Reset(c.s.lease / 3)
 }

@@ -40,6 +40,7 @@ const keyIdempotencyClaim = "kumiko.web.idempotency_claim"
 // metadata.
 type claimedKey struct {
 	key, owner, reclaimedFrom string
+	claim                     *idempotency.Claim
 }
 
 // finishTimeout bounds storing a response in the idempotency store.
@@ -317,7 +318,7 @@ var unreplayed = []string{HeaderRequestID, HeaderCorrelationID, "Content-Length"
 // runClaimed runs the request under its claim, stores its response and
 // sends it.
 func (s *Server) runClaimed(c echo.Context, next echo.HandlerFunc, claim *idempotency.Claim, key string) error {
-	c.Set(keyIdempotencyClaim, claimedKey{key: key, owner: claim.Owner(), reclaimedFrom: claim.PreviousOwner()})
+	c.Set(keyIdempotencyClaim, claimedKey{key: key, owner: claim.Owner(), reclaimedFrom: claim.PreviousOwner(), claim: claim})
 	if s.logger.Enabled(c.Request().Context(), slog.LevelDebug) {
 		s.logger.Debug("idempotency key claimed", "request_id", RequestID(c), "idempotency_key", key,
 			"owner", claim.Owner(), "previous_owner", claim.PreviousOwner())

@@ -49,6 +49,9 @@ type idemOptions struct {
 	lease  time.Duration
 	// blockForever makes idem-test:write:block hang (the crash child).
 	blockForever bool
+	// gate, when set, holds the first run of idem-test:write:gated before
+	// its first statement until it is closed.
+	gate chan struct{}
 }
 
 // idemPayload is the payload of the idem-test writes.
@@ -87,6 +90,14 @@ func setupIdem(t *testing.T, o idemOptions) *idemBundle {
 		calls.Add(1)
 		if o.blockForever {
 			select {}
+		}
+		return map[string]string{"note": in.Note}, tx.Append(framework.Stream{Type: "note", ID: randHex(8)}, framework.NoStream, noted.With(in))
+	}, nil)
+	var gated atomic.Int32
+	framework.Write(f, "gated", func(ctx context.Context, tx *framework.Tx, in idemPayload) (map[string]string, error) {
+		calls.Add(1)
+		if gated.Add(1) == 1 && o.gate != nil {
+			<-o.gate
 		}
 		return map[string]string{"note": in.Note}, tx.Append(framework.Stream{Type: "note", ID: randHex(8)}, framework.NoStream, noted.With(in))
 	}, nil)

@@ -168,9 +168,14 @@ func CorrelationID(c echo.Context) string {
 func CallFrom(c echo.Context) framework.Call {
 	p, _ := PrincipalFrom(c)
 	k, _ := c.Get(keyIdempotencyClaim).(claimedKey)
-	return framework.Call{Principal: p, RequestID: RequestID(c), CorrelationID: CorrelationID(c),
+	call := framework.Call{Principal: p, RequestID: RequestID(c), CorrelationID: CorrelationID(c),
 		IdempotencyKey: k.key, IdempotencyOwner: k.owner, IdempotencyReclaimedFrom: k.reclaimedFrom,
 		ConsistencyToken: c.Request().Header.Get(HeaderConsistencyToken)}
+	if k.claim != nil {
+		// Less the margin between this process's clock and Postgres's.
+		call.IdempotencyLeaseUntil = k.claim.HeldUntil().Add(-committedCheckMargin)
+	}
+	return call
 }
 
 // begin is the outermost middleware: it assigns the ids, recovers panics,
