@@ -489,7 +489,12 @@ func (rt *Runtime) runOn(ctx context.Context, conn *pgxpool.Conn, tenant string,
 		return 0, err
 	}
 	takenOver := false
-	if !readOnly && meta.IdempotencyKey != "" && !leaseUntil.IsZero() {
+	if !readOnly && meta.IdempotencyKey != "" && !leaseUntil.IsZero() && !time.Now().Before(leaseUntil) {
+		// Only a claim whose lease may have ended by now can have been
+		// taken over before this transaction's advisory lock (taken
+		// earlier, with BEGIN); one taken over later waits for the lock
+		// and sees this write's events. So a write that ends within its
+		// lease, nearly all of them, queues no guard.
 		queueKeyedGuard(b, tenant, meta, leaseUntil, &takenOver)
 	}
 	committed := false
