@@ -60,8 +60,9 @@ func (a *App) setupReads(consumers []dispatcher.Consumer) ([]dispatcher.Consumer
 		}
 		// Without an invalidating event (TTL-only caches) there is no
 		// consumer, no state row, and nothing to hold: a guard would hold
-		// the cache for good.
-		if ok && a.mode != config.ModeWorker {
+		// the cache for good. A worker guards its cache too: Go code in
+		// it (a job) may run cached queries.
+		if ok {
 			a.reads.guard = c.Guard(a.pool, 0)
 		}
 	}

@@ -240,3 +240,29 @@ func TestTTLOnlyCacheIsNotHeld(t *testing.T) {
 	}
 	require.InDelta(t, 1, metric(t, app, "kumiko_cache_hits_total"), 0)
 }
+
+// TestWorkerGuardsItsCache: Go code in a worker (a job) that runs a cached
+// query reads through the cache too, so the worker needs the guard that
+// sends such reads to the database while the invalidations are held up;
+// like an api process's, it holds the cache until it has read the
+// invalidation consumer's state once, then lets it go.
+func TestWorkerGuardsItsCache(t *testing.T) {
+	t.Parallel()
+	db := kumikotest.NewDB(t)
+	vars := map[string]string{"APP_MODE": "worker", "DATABASE_URL": db.URL,
+		"KUMIKO_DISPATCHER_POLL_INTERVAL_MS": "20", "WORKER_HTTP_ADDR": "127.0.0.1:0"}
+	cfg, err := config.FromLookup(func(k string) (string, bool) { v, ok := vars[k]; return v, ok })
+	require.NoError(t, err)
+	app, err := entrypoint.New(t.Context(), entrypoint.Options{Config: cfg, Register: func(r *framework.Registry) { orders.Register(r) }})
+	require.NoError(t, err)
+	require.InDelta(t, 1, metric(t, app, "kumiko_cache_held"), 0, "held until the guard read the state")
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- app.Serve(ctx, ln) }()
+	t.Cleanup(func() { cancel(); <-done })
+	require.Eventually(t, func() bool { return metric(t, app, "kumiko_cache_held") == 0 }, 10*time.Second, 20*time.Millisecond,
+		"released once the worker's invalidation consumer is registered")
+}
