@@ -70,6 +70,15 @@ type server struct {
 	proc *proctest.Proc
 }
 
+// newDemo returns a server (not started) of the demo app on a database and
+// a Redis of its own, and that database.
+func newDemo(t *testing.T) (*server, *kumikotest.DB) {
+	t.Helper()
+	db := kumikotest.NewDB(t)
+	rds := jobstest.StartRedis(t)
+	return newServer(t, db.URL, rds.URL), db
+}
+
 func newServer(t *testing.T, dbURL, redisURL string) *server {
 	t.Helper()
 	addr := proctest.FreeAddr(t)
@@ -169,9 +178,7 @@ func openBrowser(t *testing.T) context.Context {
 // appear once the page has reconnected, each exactly once.
 func TestDemoPageInBrowser(t *testing.T) {
 	t.Parallel()
-	db := kumikotest.NewDB(t)
-	rds := jobstest.StartRedis(t)
-	srv := newServer(t, db.URL, rds.URL)
+	srv, db := newDemo(t)
 	srv.start()
 
 	ctx := openBrowser(t)

@@ -6,9 +6,6 @@ import (
 
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
-
-	"github.com/kumiko-go/kumiko/framework/jobs/jobstest"
-	"github.com/kumiko-go/kumiko/framework/kumikotest"
 )
 
 // TestDemoPageCancelsAndKeepsTheConsoleClean: an order placed through the
@@ -17,9 +14,7 @@ import (
 // the console: no exception, no failed load.
 func TestDemoPageCancelsAndKeepsTheConsoleClean(t *testing.T) {
 	t.Parallel()
-	db := kumikotest.NewDB(t)
-	rds := jobstest.StartRedis(t)
-	srv := newServer(t, db.URL, rds.URL)
+	srv, _ := newDemo(t)
 	srv.start()
 
 	ctx := openBrowser(t)

@@ -7,9 +7,6 @@ import (
 
 	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
-
-	"github.com/kumiko-go/kumiko/framework/jobs/jobstest"
-	"github.com/kumiko-go/kumiko/framework/kumikotest"
 )
 
 // TestDemoPageRenewsItsDevToken: in dev mode, a page whose token the
@@ -19,9 +16,7 @@ import (
 // one could not replace the HttpOnly cookie /dev/token set.
 func TestDemoPageRenewsItsDevToken(t *testing.T) {
 	t.Parallel()
-	db := kumikotest.NewDB(t)
-	rds := jobstest.StartRedis(t)
-	srv := newServer(t, db.URL, rds.URL)
+	srv, _ := newDemo(t)
 	srv.start()
 
 	ctx := openBrowser(t)

@@ -10,17 +10,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kumiko-go/kumiko/config"
-	"github.com/kumiko-go/kumiko/framework/jobs/jobstest"
-	"github.com/kumiko-go/kumiko/framework/kumikotest"
 )
 
 // TestDemoPageAsksForTokenAfterExpiry: the stream ends when its token
 // expires; the page then asks for a new token instead of retrying forever.
 func TestDemoPageAsksForTokenAfterExpiry(t *testing.T) {
 	t.Parallel()
-	db := kumikotest.NewDB(t)
-	rds := jobstest.StartRedis(t)
-	srv := newServer(t, db.URL, rds.URL)
+	srv, _ := newDemo(t)
 	delete(srv.env, "KUMIKO_DEV")
 	srv.start()
 

@@ -12,8 +12,6 @@ import (
 	"github.com/kumiko-go/kumiko/entrypoint"
 	"github.com/kumiko-go/kumiko/features"
 	"github.com/kumiko-go/kumiko/framework"
-	"github.com/kumiko-go/kumiko/framework/jobs/jobstest"
-	"github.com/kumiko-go/kumiko/framework/kumikotest"
 )
 
 // TestDemoPageCatchesUpWithoutEventID: a page whose stream has not carried
@@ -21,9 +19,7 @@ import (
 // shows the orders written while the server was down.
 func TestDemoPageCatchesUpWithoutEventID(t *testing.T) {
 	t.Parallel()
-	db := kumikotest.NewDB(t)
-	rds := jobstest.StartRedis(t)
-	srv := newServer(t, db.URL, rds.URL)
+	srv, db := newDemo(t)
 	srv.start()
 
 	ctx := openBrowser(t)

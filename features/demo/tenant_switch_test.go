@@ -10,8 +10,6 @@ import (
 
 	"github.com/kumiko-go/kumiko/config"
 	"github.com/kumiko-go/kumiko/framework/auth"
-	"github.com/kumiko-go/kumiko/framework/jobs/jobstest"
-	"github.com/kumiko-go/kumiko/framework/kumikotest"
 )
 
 // mint signs a token for tenant with secret (a JWT_SECRET value).
@@ -31,9 +29,7 @@ func mint(t *testing.T, secret, tenant string) string {
 // the ones the page showed for the tenant before.
 func TestDemoPageForgetsTheOtherTenantsOrders(t *testing.T) {
 	t.Parallel()
-	db := kumikotest.NewDB(t)
-	rds := jobstest.StartRedis(t)
-	srv := newServer(t, db.URL, rds.URL)
+	srv, _ := newDemo(t)
 	delete(srv.env, "KUMIKO_DEV")
 	srv.start()
 
