@@ -16,7 +16,7 @@ import (
 )
 
 // Upcaster turns a payload of one schema version into the next version's
-// JSON. It runs on every read (load, dispatch, rebuild); stored rows are
+// JSON (output that is not valid JSON fails the read). It runs on every read (load, dispatch, rebuild); stored rows are
 // never rewritten.
 type Upcaster func(payload json.RawMessage) (json.RawMessage, error)
 
@@ -216,10 +216,11 @@ type Event[T any] struct {
 }
 
 // upcast lifts a stored payload to the definition's current version. An
-// upcaster's error or panic is returned as an error naming the event's type,
-// position and the version it failed on: a panic must not take down a
-// reader that has no one above it to recover (the SSE fan-out), and every
-// reader reports which stored event it could not read.
+// upcaster's error, panic or output that is not JSON is returned as an
+// error naming the event's type, position and the version it failed on: a
+// panic must not take down a reader that has no one above it to recover
+// (the SSE fan-out), and every reader reports which stored event it could
+// not read.
 func (d *eventDef) upcast(env Envelope) (json.RawMessage, error) {
 	payload := env.Payload
 	if env.TypeVersion > d.version {
@@ -234,6 +235,11 @@ func (d *eventDef) upcast(env Envelope) (json.RawMessage, error) {
 		var err error
 		if payload, err = runUpcaster(up, payload); err != nil {
 			return nil, fmt.Errorf("kumiko: event %s at %d: upcast from version %d: %w", d.qualified, env.Position, v, err)
+		}
+		// Stored payloads are JSON (jsonb); an upcaster's output need not
+		// be. Refused here, or the SSE stream would send it as a string.
+		if !json.Valid(payload) {
+			return nil, fmt.Errorf("kumiko: event %s at %d: upcast from version %d: the upcaster returned no valid JSON", d.qualified, env.Position, v)
 		}
 	}
 	return payload, nil

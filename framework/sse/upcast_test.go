@@ -38,3 +38,21 @@ func TestUpcasterPanicDoesNotCrashTheStream(t *testing.T) {
 	// A version-1 row without "name", as an older release wrote it.
 	requireNotStreamed(t, b, "person", eventstore.NewEvent{Type: "sse-test:event:renamed", TypeVersion: 1, Payload: []byte(`{"nick":"old-field"}`)})
 }
+
+// TestUpcasterReturningNoJSONIsNotStreamed: an upcaster that returns bytes
+// that are not JSON (a hand-built payload with a bug) fails like one that
+// returns an error: every other reader fails to decode such an event, and
+// the stream must not send it as a string in place of the payload object
+// the clients know.
+func TestUpcasterReturningNoJSONIsNotStreamed(t *testing.T) {
+	t.Parallel()
+	b := setupWith(t, nil, func(reg *framework.Registry) {
+		framework.DefineEvent[Renamed](reg.Feature("sse-test"), "renamed", &framework.EventOptions{
+			Version: 2,
+			Upcasters: map[int]framework.Upcaster{1: func(p json.RawMessage) (json.RawMessage, error) {
+				return json.RawMessage(`{"fullName":"old-field"`), nil // the closing brace forgotten
+			}},
+		})
+	})
+	requireNotStreamed(t, b, "person", eventstore.NewEvent{Type: "sse-test:event:renamed", TypeVersion: 1, Payload: []byte(`{"name":"x"}`)})
+}
