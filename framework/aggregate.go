@@ -10,11 +10,13 @@ import (
 type Aggregate[S any] struct {
 	streamType string
 	folds      map[string]func(s *S, env Envelope) error
+	// defs holds the declaration each fold was added for.
+	defs map[string]*eventDef
 }
 
 // NewAggregate declares the aggregate of the given stream type ("order").
 func NewAggregate[S any](streamType string) *Aggregate[S] {
-	return &Aggregate[S]{streamType: streamType, folds: map[string]func(*S, Envelope) error{}}
+	return &Aggregate[S]{streamType: streamType, folds: map[string]func(*S, Envelope) error{}, defs: map[string]*eventDef{}}
 }
 
 // StreamType returns the aggregate's stream type.
@@ -24,11 +26,22 @@ func (a *Aggregate[S]) StreamType() string { return a.streamType }
 func (a *Aggregate[S]) Stream(id string) Stream { return Stream{Type: a.streamType, ID: id} }
 
 // Evolve adds the fold for event type ev. Events without a fold are skipped.
+// It panics on an undeclared event type, a nil fold, or a second fold for
+// the same declared type (which would replace the first); a fold for the
+// same name declared in another registry (an aggregate in a package
+// variable, registered once per registry) replaces it.
 func Evolve[S, T any](a *Aggregate[S], ev EventType[T], fold func(s *S, e Event[T])) {
 	def := ev.def
 	if def == nil {
 		panic("kumiko: Evolve with an undeclared event type")
 	}
+	if fold == nil {
+		panic("kumiko: Evolve of aggregate " + a.streamType + ": nil fold for " + def.qualified)
+	}
+	if a.defs[def.qualified] == def {
+		panic("kumiko: Evolve of aggregate " + a.streamType + ": a second fold for " + def.qualified)
+	}
+	a.defs[def.qualified] = def
 	a.folds[def.qualified] = func(s *S, env Envelope) error {
 		e, err := decodeEvent[T](def, env)
 		if err != nil {

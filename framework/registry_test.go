@@ -281,6 +281,30 @@ func TestEvolveRejectsZeroEventType(t *testing.T) {
 	})
 }
 
+// A second fold for one event type would silently replace the first (a
+// copied Evolve line whose type was not changed loses a fold and leaves
+// the intended type without one), and a nil fold would panic on the first
+// Load; Evolve refuses both at declaration time, as On refuses a second or
+// nil handler of a projection.
+func TestEvolveRejectsSecondAndNilFold(t *testing.T) {
+	t.Parallel()
+	r := framework.NewRegistry()
+	ev := framework.DefineEvent[regPayload](r.Feature("reg"), "thing-made", nil)
+	agg := framework.NewAggregate[int]("thing")
+	framework.Evolve(agg, ev, func(s *int, _ framework.Event[regPayload]) { *s++ })
+	require.PanicsWithValue(t, "kumiko: Evolve of aggregate thing: a second fold for reg:event:thing-made", func() {
+		framework.Evolve(agg, ev, func(s *int, _ framework.Event[regPayload]) { *s-- })
+	})
+	// The same name declared in another registry: an aggregate kept in a
+	// package variable and registered once per registry (as tests do).
+	r2 := framework.NewRegistry()
+	ev2 := framework.DefineEvent[regPayload](r2.Feature("reg"), "thing-made", nil)
+	framework.Evolve(agg, ev2, func(s *int, _ framework.Event[regPayload]) { *s += 2 })
+	require.PanicsWithValue(t, "kumiko: Evolve of aggregate thing: nil fold for reg:event:thing-made", func() {
+		framework.Evolve(framework.NewAggregate[int]("thing"), ev, nil)
+	})
+}
+
 // errors.Join must not hide the problems' type: each one is a plain error
 // whose text starts with "kumiko: ".
 func TestBuildProblemsArePrefixed(t *testing.T) {
