@@ -6,7 +6,7 @@
 // OlderThanDays. By default the selected types are the registry's pub/sub
 // types (declared with framework.EventOptions{PubSub: true}): notifications
 // that belong to no aggregate's history. Aggregate events carry
-// LoadAggregate, asOf reads and projection rebuilds; deleting them breaks
+// Aggregate.Load, asOf reads and projection rebuilds; deleting them breaks
 // those, so they are pruned only when named explicitly. A named type the
 // code no longer declares is accepted while the log holds events of it (a
 // removed feature's events can be pruned). A stream's row in
