@@ -619,6 +619,12 @@ func (d *Dispatcher) begin(ctx context.Context, conn *pgx.Conn, c *consumerRun, 
 		return false, st, nil, false, fmt.Errorf("read batch: %w", err)
 	}
 	if !found {
+		if c.instance == SharedInstance {
+			// Registration made it; nothing but a repartition (or an
+			// operator) removes a shared row.
+			return locked, st, nil, false, fmt.Errorf("consumer %s/%s has %w: a process with another partition count of %s may have replaced the rows "+
+				"(stop the processes that run the old count), or the row was removed", c.Name, c.instance, errNoStateRow, c.base)
+		}
 		return locked, st, nil, false, fmt.Errorf("consumer %s/%s has %w", c.Name, c.instance, errNoStateRow)
 	}
 	c.remember(st.cursor, st.status)

@@ -585,3 +585,20 @@ func TestOnlyOwnEventsAboveTheHorizonHurryAPass(t *testing.T) {
 	appendTo(s0, b.noted)
 	require.True(t, pending("test:p@0"))
 }
+
+// TestOldPartitionCountSaysWhyItsRowIsGone: a process still running with
+// the old partition count after another one changed it finds no state row
+// for its partitions, on every pass: the error says that another
+// partition count may have replaced the rows, not only that a row is
+// missing.
+func TestOldPartitionCountSaysWhyItsRowIsGone(t *testing.T) {
+	t.Parallel()
+	b := setupOrdered(t, func(b *bundle) { ordered(b, "p", &framework.ProjectionOptions{Partitions: 2}, nil) })
+	d := newDispatcher(t, b, nil)
+	// What a process with one partition left of the rows.
+	_, err := b.db.Pool.Exec(context.Background(), `DELETE FROM event_consumers WHERE name = 'test:p@1'`)
+	require.NoError(t, err)
+	_, err = d.RunOnce(context.Background(), "test:p@1")
+	require.ErrorContains(t, err, "consumer test:p@1/__shared__ has no state row: a process with another partition count of test:p "+
+		"may have replaced the rows (stop the processes that run the old count), or the row was removed")
+}
