@@ -91,6 +91,9 @@ func DefineEvent[T any](f *Feature, name string, opts *EventOptions) EventType[T
 		internal:  opts.Internal,
 		goType:    reflect.TypeFor[T](),
 	}
+	if opts.Version < 0 {
+		f.reg.problem("event %s: version %d: versions start at 1 (0 means 1)", def.qualified, opts.Version)
+	}
 	if def.version > MaxEventVersion {
 		// Stored as an int4; and one upcaster per version could never be
 		// listed anyway.

@@ -56,6 +56,7 @@ func TestBuildReportsEveryProblemAtOnce(t *testing.T) {
 	framework.DefineEvent[regPayload](shop, "Bad_Event", nil)
 	framework.DefineEvent[regPayload](shop, "evolved", &framework.EventOptions{Version: 3})
 	framework.DefineEvent[regPayload](shop, "far-evolved", &framework.EventOptions{Version: framework.MaxEventVersion + 1})
+	framework.DefineEvent[regPayload](shop, "negative", &framework.EventOptions{Version: -2})
 	framework.DefineEvent[regPayload](shop, "half-evolved", &framework.EventOptions{
 		Version: 3, Upcasters: map[int]framework.Upcaster{1: regUpcast},
 	})
@@ -96,6 +97,7 @@ func TestBuildReportsEveryProblemAtOnce(t *testing.T) {
 		`kumiko: event shop:event:evolved: version 2 has no upcaster to 3`,
 		`kumiko: event shop:event:far-evolved: version 2147483648 is above the largest, 2147483647`,
 		`kumiko: event shop:event:half-evolved: version 2 has no upcaster to 3`,
+		`kumiko: event shop:event:negative: version -2: versions start at 1 (0 means 1)`,
 		`kumiko: event shop:event:unbumped: upcaster from version 0: versions start at 1`,
 		`kumiko: event shop:event:unbumped: upcaster from version 2, but the current version is 2 (bump Version to 3)`,
 		`kumiko: write shop:write:place registered twice`,
