@@ -34,9 +34,7 @@ func TestLostReplicaConnectionRunsOnThePrimary(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t)
 	ctx := t.Context()
-	primary, err := pgxpool.New(ctx, c.primary.URL("kumiko"))
-	require.NoError(t, err)
-	t.Cleanup(primary.Close)
+	primary := openPool(t, c.primary.URL("kumiko"))
 	newPool := func(ping func(context.Context, pgxpool.ShouldPingParams) bool) *pgxpool.Pool {
 		pc, err := pgxpool.ParseConfig(c.standby.URL("kumiko"))
 		require.NoError(t, err)

@@ -85,12 +85,8 @@ func TestStreamingReplica(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t)
 	ctx := t.Context()
-	primary, err := pgxpool.New(ctx, c.primary.URL("kumiko"))
-	require.NoError(t, err)
-	t.Cleanup(primary.Close)
-	standby, err := pgxpool.New(ctx, c.standby.URL("kumiko"))
-	require.NoError(t, err)
-	t.Cleanup(standby.Close)
+	primary := openPool(t, c.primary.URL("kumiko"))
+	standby := openPool(t, c.standby.URL("kumiko"))
 	var inRecovery bool
 	require.NoError(t, standby.QueryRow(ctx, `SELECT pg_is_in_recovery()`).Scan(&inRecovery))
 	require.True(t, inRecovery, "the clone is a standby")
@@ -224,12 +220,8 @@ func TestPromotedReadServerIsCaughtUp(t *testing.T) {
 	t.Parallel()
 	c := newCluster(t)
 	ctx := t.Context()
-	oldPrimary, err := pgxpool.New(ctx, c.primary.URL("kumiko"))
-	require.NoError(t, err)
-	t.Cleanup(oldPrimary.Close)
-	promoted, err := pgxpool.New(ctx, c.standby.URL("kumiko"))
-	require.NoError(t, err)
-	t.Cleanup(promoted.Close)
+	oldPrimary := openPool(t, c.primary.URL("kumiko"))
+	promoted := openPool(t, c.standby.URL("kumiko"))
 	var ok bool
 	require.NoError(t, promoted.QueryRow(ctx, `SELECT pg_promote(true, 30)`).Scan(&ok))
 	require.True(t, ok, "the standby is promoted")
@@ -239,7 +231,7 @@ func TestPromotedReadServerIsCaughtUp(t *testing.T) {
 	require.False(t, inRecovery)
 	require.NotNil(t, replayed, "a promoted server keeps the position where its recovery ended")
 
-	_, err = promoted.Exec(ctx, `CREATE TABLE after_failover (x int); INSERT INTO after_failover VALUES (1)`)
+	_, err := promoted.Exec(ctx, `CREATE TABLE after_failover (x int); INSERT INTO after_failover VALUES (1)`)
 	require.NoError(t, err)
 	var token string
 	require.NoError(t, promoted.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&token))
@@ -391,4 +383,13 @@ func TestBusyReplicaPoolIsNoReplicaFailure(t *testing.T) {
 	conn.Release()
 	require.True(t, onReplica, "no cooldown: the replica serves the next query")
 	require.Zero(t, router.Fallbacks(replica.ReasonError))
+}
+
+// openPool opens a pool on url, closed when the test ends.
+func openPool(t *testing.T, url string) *pgxpool.Pool {
+	t.Helper()
+	p, err := pgxpool.New(t.Context(), url)
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	return p
 }
