@@ -267,6 +267,7 @@ func New(ctx context.Context, opts Options) (_ *App, err error) {
 				a.log.Warn("write error response", "error", werr)
 			}
 		}
+		e.Pre(web.AssignIDs)
 		a.mountHealth(e)
 		a.httpSrv = web.NewHTTPServer(cfg.WorkerHTTPAddr, e, cfg.HTTPReadTimeout, cfg.HTTPIdleTimeout)
 	}

@@ -18,7 +18,8 @@ import (
 // TestWorkerPortAnswersInTheErrorEnvelope: the worker's health and metrics
 // port answers an unknown path, and a wrong method, in the framework's
 // error envelope like every other Kumiko port; it answered echo's own
-// {"message":"Not Found"}.
+// {"message":"Not Found"}. Its envelope names the request like the API
+// port's; its requestId was "".
 func TestWorkerPortAnswersInTheErrorEnvelope(t *testing.T) {
 	t.Parallel()
 	db := kumikotest.NewDB(t)
@@ -44,13 +45,17 @@ func TestWorkerPortAnswersInTheErrorEnvelope(t *testing.T) {
 		require.Equal(t, tc.status, resp.StatusCode, "%s %s: %s", tc.method, tc.path, body)
 		var env struct {
 			Error struct {
-				Code    string `json:"code"`
-				Message string `json:"message"`
+				Code      string `json:"code"`
+				Message   string `json:"message"`
+				RequestID string `json:"requestId"`
 			} `json:"error"`
 		}
 		require.NoError(t, json.Unmarshal(body, &env), "%s", body)
 		require.Equal(t, tc.code, env.Error.Code, "%s", body)
 		require.NotEmpty(t, env.Error.Message)
+		// The envelope's requestId names the request, as on the API port.
+		require.NotEmpty(t, env.Error.RequestID, "%s", body)
+		require.Equal(t, env.Error.RequestID, resp.Header.Get("X-Request-ID"))
 	}
 	require.NoError(t, s.stop(t))
 }

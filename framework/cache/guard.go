@@ -116,7 +116,7 @@ func (g *Guard) check(ctx context.Context) {
 	)
 	err := g.pool.QueryRow(ctx, guardSQL, ConsumerName, dispatcher.SharedInstance).Scan(&status, &failing, &lastErr)
 	if (err == nil || errors.Is(err, pgx.ErrNoRows)) && !g.readFailing.IsZero() {
-		g.c.log.Info("cache guard: reads the invalidation consumer's state again", "failed_for", time.Since(g.readFailing).Round(time.Millisecond))
+		g.c.log.Info("cache guard: reads the invalidation consumer's state again", "failed_for", time.Since(g.readFailing).Round(time.Millisecond).String())
 		g.readFailing, g.readWarned = time.Time{}, time.Time{}
 	}
 	switch {

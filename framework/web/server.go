@@ -146,7 +146,8 @@ func (s *Server) Echo() *echo.Echo { return s.e }
 func (s *Server) Handler() http.Handler { return s.e }
 
 // RequestID returns the request's id: the client's sane X-Request-ID, else
-// a generated UUID. It returns "" outside a [Server]'s request.
+// a generated UUID. It returns "" outside a [Server]'s request and
+// outside [AssignIDs].
 func RequestID(c echo.Context) string {
 	id, _ := c.Get(keyRequestID).(string)
 	return id
@@ -184,20 +185,8 @@ func (s *Server) begin(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) (err error) {
 		start := time.Now()
 		req := c.Request()
-		rid := headerValue(req.Header, canonicalRequestID)
-		if !saneID(rid) {
-			rid = newID()
-		}
-		corr := headerValue(req.Header, canonicalCorrelationID)
-		if !saneID(corr) {
-			corr = rid
-		}
+		rid, corr := assignIDs(c)
 		c.Set(keyServer, s)
-		c.Set(keyRequestID, rid)
-		c.Set(keyCorrelationID, corr)
-		h := c.Response().Header()
-		h[canonicalRequestID] = []string{rid}
-		h[canonicalCorrelationID] = []string{corr}
 		defer func() {
 			if v := recover(); v != nil {
 				if v == http.ErrAbortHandler { // net/http's way to abort a response: let it through
@@ -224,6 +213,37 @@ func (s *Server) begin(next echo.HandlerFunc) echo.HandlerFunc {
 		}()
 		return next(c)
 	}
+}
+
+// AssignIDs is middleware for an echo instance other than the Server's
+// (a worker's health port): it gives each request its ids as the Server
+// does, so RequestID, CorrelationID and the error envelope name it.
+func AssignIDs(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		assignIDs(c)
+		return next(c)
+	}
+}
+
+// assignIDs takes the client's sane X-Request-ID and X-Correlation-ID or
+// makes them (the correlation id defaults to the request id), keeps them on
+// c and echoes them in the response headers.
+func assignIDs(c echo.Context) (rid, corr string) {
+	h := c.Request().Header
+	rid = headerValue(h, canonicalRequestID)
+	if !saneID(rid) {
+		rid = newID()
+	}
+	corr = headerValue(h, canonicalCorrelationID)
+	if !saneID(corr) {
+		corr = rid
+	}
+	c.Set(keyRequestID, rid)
+	c.Set(keyCorrelationID, corr)
+	rh := c.Response().Header()
+	rh[canonicalRequestID] = []string{rid}
+	rh[canonicalCorrelationID] = []string{corr}
+	return rid, corr
 }
 
 // rejectMalformedQuery answers 400 bad_request for a query string that
