@@ -58,7 +58,9 @@ type QueryCacheStore interface {
 	// used now; the runtime then reads the database and does not fill.
 	Lookup(ctx context.Context, tenant, query, key string) (value []byte, stamp string, err error)
 	// Fill stores value for ttl unless the entity was invalidated after
-	// the Lookup that returned stamp.
+	// the Lookup that returned stamp. The runtime does not fill after a
+	// load that took half the ttl or longer: the store may keep the stamp
+	// of an invalidation for no longer than ttl.
 	Fill(ctx context.Context, tenant, query, key, stamp string, value []byte, ttl time.Duration) error
 }
 
@@ -222,6 +224,7 @@ func (rt *Runtime) cachedQuery(ctx context.Context, call Call, d *queryDef, in a
 		return rt.query(ctx, call, d, in, "")
 	}
 	tenant := call.Principal.TenantID
+	looked := time.Now()
 	value, stamp, lookupErr := rt.cache.Lookup(ctx, tenant, d.qualified, key)
 	if lookupErr == nil && value != nil {
 		out, err := d.cache.decode(value)
@@ -237,6 +240,12 @@ func (rt *Runtime) cachedQuery(ctx context.Context, call Call, d *queryDef, in a
 	out, err := rt.query(ctx, call, d, in, stamp)
 	if err != nil || lookupErr != nil {
 		return out, err
+	}
+	if time.Since(looked) >= d.cache.ttl/2 {
+		// An invalidation's stamp lives one TTL: after a load this slow it
+		// may be gone, and the fill could cache the state from before it.
+		// Half the TTL leaves the fill time to reach the store.
+		return out, nil
 	}
 	b, err := json.Marshal(out)
 	if err != nil {

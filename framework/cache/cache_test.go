@@ -602,3 +602,41 @@ func TestGuardWarnsOnceWhileTheDatabaseIsDown(t *testing.T) {
 	require.Equal(t, 1, strings.Count(out, "cache guard: read the invalidation consumer's state"), "%s", out)
 	require.True(t, c.Held())
 }
+
+// TestFillOutlivingTheInvalidationMarkIsDropped: an invalidation's stamp
+// lives one TTL. A load slower than that could see the stamp expire and
+// then fill the state it read before the invalidation, which would stay
+// cached for a whole TTL; such a fill is skipped.
+func TestFillOutlivingTheInvalidationMarkIsDropped(t *testing.T) {
+	t.Parallel()
+	const ttl = 300 * time.Millisecond
+	db := kumikotest.NewDB(t)
+	reg := framework.NewRegistry()
+	entered, release := make(chan struct{}), make(chan struct{})
+	framework.Query(reg.Feature("slow"), "get", func(ctx context.Context, tx *framework.Tx, in string) (string, error) {
+		close(entered)
+		<-release
+		return "before the invalidation", nil
+	}, &framework.QueryOptions{Cache: framework.CacheBy(ttl, func(in string) string { return in })})
+	c, err := cache.New(redistest.Shared(t), &cache.Config{Prefix: "kumiko-test:cache:" + randomHex(6), Metrics: prometheus.NewRegistry()})
+	require.NoError(t, err)
+	rt, err := framework.NewRuntime(reg, db.Pool, &framework.RuntimeConfig{QueryCache: c})
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		_, err := rt.Query(t.Context(), call("acme"), framework.Command{Type: "slow:query:get", Payload: []byte(`"k"`)})
+		done <- err
+	}()
+	<-entered // looked up (a miss), now loading
+	ctx := t.Context()
+	require.NoError(t, c.Invalidate(ctx, "acme", "slow:query:get", "k", "0/1A", ttl))
+	require.Eventually(t, func() bool {
+		_, stamp, err := c.Lookup(ctx, "acme", "slow:query:get", "k")
+		return err == nil && stamp == ""
+	}, 10*time.Second, 20*time.Millisecond, "the invalidation's stamp expires")
+	close(release)
+	require.NoError(t, <-done)
+	v, _, err := c.Lookup(ctx, "acme", "slow:query:get", "k")
+	require.NoError(t, err)
+	require.Nil(t, v, "the state loaded before the invalidation was cached: %s", v)
+}

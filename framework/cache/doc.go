@@ -17,7 +17,8 @@
 // entity's g (so a replica that has not replayed the invalidating write
 // yet is not used for the fill), and fills with a script that stores v
 // only while g is unchanged: a fill that raced an invalidation is dropped
-// instead of caching the old state. Queries that carry a consistency token
+// instead of caching the old state. g expires with the hash, so the runtime
+// does not fill after a load that took half the TTL or longer. Queries that carry a consistency token
 // skip the cache (the runtime decides that).
 //
 // # Invalidation
