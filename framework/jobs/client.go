@@ -320,6 +320,14 @@ func (c *Client) enqueueRun(ctx context.Context, j *Job, w *wire, taskID string,
 		}
 	}
 	_, err = c.aq.EnqueueContext(ctx, task, opts...)
+	if errors.Is(err, asynq.ErrDuplicateTask) {
+		// An archived run holds no window: a lock its handler never
+		// freed (see releaseStaleUnique) is freed now, and the enqueue
+		// tried once more.
+		if freed, ferr := releaseStaleUnique(ctx, c.rdb, queue, uniqueKey(queue, task)); ferr == nil && freed {
+			_, err = c.aq.EnqueueContext(ctx, task, opts...)
+		}
+	}
 	switch {
 	case errors.Is(err, asynq.ErrTaskIDConflict):
 		return takenID, taskID, nil

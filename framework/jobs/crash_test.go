@@ -40,7 +40,11 @@ func TestCrashWorkerProcess(t *testing.T) {
 	pool, err := pgxpool.New(ctx, dbURL)
 	require.NoError(t, err)
 	reg := framework.NewRegistry()
-	registerStuck(reg.Feature("test"), func(ctx context.Context, jc *jobs.Context, in exportInput) error {
+	register := registerStuck
+	if os.Getenv(crashUniqueEnv) != "" {
+		register = registerStuckUnique
+	}
+	register(reg.Feature("test"), func(ctx context.Context, jc *jobs.Context, in exportInput) error {
 		if err := insertRun(ctx, jc, jc.Job, in.Report, "killed worker"); err != nil {
 			return err
 		}

@@ -328,6 +328,11 @@ func (i *Inspector) takeUnique(ctx context.Context, queue, id string) (string, e
 	case err != nil:
 		return "", fmt.Errorf("jobs: retry %s: %w", id, err)
 	}
+	// The lock may still be held by a run archived without its handler
+	// freeing it (see releaseStaleUnique), this very run among them.
+	if _, err := releaseStaleUnique(ctx, i.rdb, queue, key); err != nil {
+		return "", fmt.Errorf("jobs: retry %s: %w", id, err)
+	}
 	ok, err := i.rdb.SetNX(ctx, key, id, time.Duration(secs)*time.Second).Result()
 	switch {
 	case err != nil:

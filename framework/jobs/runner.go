@@ -482,6 +482,37 @@ func (r *Runner) interrupted(ctx context.Context) bool {
 var releaseUniqueScript = redis.NewScript(`if redis.call("GET", KEYS[1]) == ARGV[1] then return redis.call("DEL", KEYS[1]) end
 return 0`)
 
+// releaseStaleUnique frees the uniqueness lock key of queue when the run
+// holding it (its value) is archived, or gone, and reports whether it did
+// (or found the lock free). A handler that returns frees its run's lock
+// before asynq archives it (see [Runner.releaseUnique]), but asynq also
+// archives runs whose handler never returned: one whose workers died in
+// its last attempts (its recoverer archives it when the lease runs out),
+// one whose lock could not be freed while Redis failed. Such a lock would
+// refuse every equal run for the rest of its window, though an archived
+// run neither waits nor runs.
+func releaseStaleUnique(ctx context.Context, rdb redis.UniversalClient, queue, key string) (bool, error) {
+	holder, err := rdb.Get(ctx, key).Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return true, nil
+	case err != nil:
+		return false, err
+	}
+	state, err := rdb.HGet(ctx, taskKey(queue, holder), "state").Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+	case err != nil:
+		return false, err
+	case state != "archived":
+		return false, nil
+	}
+	if err := releaseUniqueScript.Run(ctx, rdb, []string{key}, holder).Err(); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
 // releaseUnique frees the uniqueness lock of a Unique job's run that asynq
 // is about to archive. asynq frees it only when a run succeeds, so an
 // archived run would refuse every equal enqueue for the rest of the window
