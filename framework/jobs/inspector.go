@@ -413,7 +413,7 @@ func toTaskInfo(lane framework.RunIn, ti *asynq.TaskInfo) TaskInfo {
 		case w.Event != nil:
 			t.Input = w.Event.Payload
 		case w.Tick != 0:
-			t.Input, _ = json.Marshal(map[string]any{"tick": time.Unix(w.Tick, 0).UTC()})
+			t.Input, _ = json.Marshal(map[string]any{"tick": time.Unix(w.Tick, w.TickNanos).UTC()})
 		default:
 			t.Input = w.Payload
 		}

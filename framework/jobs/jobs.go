@@ -420,7 +420,7 @@ func Cron(f *framework.Feature, name, spec string, opts *Options, h Handler[Tick
 			return fmt.Errorf("jobs: %s: %w (%w)", jc.Job, err, SkipRetry)
 		}
 		jc.TenantID = w.Tenant
-		return h(ctx, jc, Tick{Time: time.Unix(w.Tick, 0).In(j.zone)})
+		return h(ctx, jc, Tick{Time: time.Unix(w.Tick, w.TickNanos).In(j.zone)})
 	}
 	return s.register(f, name, TriggerCron, opts, j)
 }

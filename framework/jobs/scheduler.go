@@ -215,7 +215,7 @@ func (r *Runner) runCron(ctx context.Context, j *Job) {
 // while Redis fails until the following tick is due.
 func (r *Runner) fireTick(ctx context.Context, j *Job, tick time.Time) {
 	id := tickTaskID(j.name, tick)
-	w := &wire{Tenant: framework.SystemTenantID, Tick: tick.Unix()}
+	w := &wire{Tenant: framework.SystemTenantID, Tick: tick.Unix(), TickNanos: int64(tick.Nanosecond())}
 	hdr := map[string]string{headerCorrelation: id}
 	giveUp := j.sched.Next(tick)
 	delay := 100 * time.Millisecond

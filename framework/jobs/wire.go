@@ -51,6 +51,9 @@ type wire struct {
 	Event *wireEvent `json:"event,omitempty"`
 	// Tick is a cron job's tick (Unix seconds).
 	Tick int64 `json:"tick,omitempty"`
+	// TickNanos is the tick's fraction of a second (an "@every" of a
+	// duration that is not whole seconds has such ticks).
+	TickNanos int64 `json:"tickNanos,omitempty"`
 }
 
 // wireEvent is an event as it travels in a task.
