@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
@@ -258,16 +257,9 @@ func New(ctx context.Context, opts Options) (_ *App, err error) {
 		if a.disp == nil {
 			return nil, errors.New("entrypoint: worker has nothing to run: no consumers for runIn worker/both")
 		}
-		e := echo.New()
-		e.HideBanner, e.HidePort = true, true
-		// Errors (an unknown path, a wrong method) in the framework's
-		// envelope, as on the API port.
-		e.HTTPErrorHandler = func(err error, c echo.Context) {
-			if werr := web.WriteError(c, err); werr != nil {
-				a.log.Warn("write error response", "error", werr)
-			}
-		}
-		e.Pre(web.AssignIDs)
+		// Request ids, errors in the framework's envelope, request logs
+		// and HTTP metrics, as on the API port.
+		e := web.NewBase(&web.Config{Logger: a.log, Metrics: a.metrics})
 		a.mountHealth(e)
 		a.httpSrv = web.NewHTTPServer(cfg.WorkerHTTPAddr, e, cfg.HTTPReadTimeout, cfg.HTTPIdleTimeout)
 	}

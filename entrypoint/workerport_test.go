@@ -18,8 +18,9 @@ import (
 // TestWorkerPortAnswersInTheErrorEnvelope: the worker's health and metrics
 // port answers an unknown path, and a wrong method, in the framework's
 // error envelope like every other Kumiko port; it answered echo's own
-// {"message":"Not Found"}. Its envelope names the request like the API
-// port's; its requestId was "".
+// {"message":"Not Found"}. As on the API port, every answer carries an
+// X-Request-ID, and the envelope's requestId is that id: the worker's
+// port answered "requestId":"" and no header.
 func TestWorkerPortAnswersInTheErrorEnvelope(t *testing.T) {
 	t.Parallel()
 	db := kumikotest.NewDB(t)
@@ -53,9 +54,16 @@ func TestWorkerPortAnswersInTheErrorEnvelope(t *testing.T) {
 		require.NoError(t, json.Unmarshal(body, &env), "%s", body)
 		require.Equal(t, tc.code, env.Error.Code, "%s", body)
 		require.NotEmpty(t, env.Error.Message)
-		// The envelope's requestId names the request, as on the API port.
 		require.NotEmpty(t, env.Error.RequestID, "%s", body)
 		require.Equal(t, env.Error.RequestID, resp.Header.Get("X-Request-ID"))
+	}
+	for _, path := range []string{"/health/live", "/health/ready", "/metrics"} {
+		resp, err := httpClient.Get(s.url + path) //nolint:noctx // a test's probe
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode, path)
+		require.NotEmpty(t, resp.Header.Get("X-Request-ID"), path)
 	}
 	require.NoError(t, s.stop(t))
 }

@@ -114,6 +114,45 @@ func New(rt *framework.Runtime, keys *auth.Keyring, cfg *Config) *Server {
 	}
 	s.metrics = m
 	s.idem = cfg.Idempotency
+	e := s.base()
+	// Route-level middleware, not a Group's: a group with middleware adds a
+	// catch-all route, which turns 405s into 404s and asks unknown paths
+	// for a token.
+	e.POST("/api/write", s.handleWrite, s.Authenticate, s.idempotent)
+	e.POST("/api/batch", s.handleBatch, s.Authenticate, s.idempotent)
+	e.POST("/api/query", s.handleQuery, s.Authenticate)
+	s.e = e
+	return s
+}
+
+// NewBase returns an echo instance with a [Server]'s handling of every
+// request and no routes: request and correlation ids (X-Request-ID,
+// X-Correlation-ID), panic recovery, the error envelope (an unknown path is
+// 404 not_found, a wrong method 405 method_not_allowed), the refusal of a
+// query string that does not decode, one log line per request and, with
+// cfg.Metrics, the HTTP metrics. Only cfg.Logger and cfg.Metrics apply. It
+// serves a process that takes no commands, such as a worker's health and
+// metrics port, so that it answers like the API port. It panics when the
+// metrics cannot be registered.
+func NewBase(cfg *Config) *echo.Echo {
+	if cfg == nil {
+		cfg = &Config{}
+	}
+	s := &Server{logger: cfg.Logger}
+	if s.logger == nil {
+		s.logger = slog.New(slog.DiscardHandler)
+	}
+	m, err := newHTTPMetrics(cfg.Metrics)
+	if err != nil {
+		panic("kumiko: web.NewBase: " + err.Error())
+	}
+	s.metrics = m
+	return s.base()
+}
+
+// base returns s's echo instance with the per-request handling and no
+// routes.
+func (s *Server) base() *echo.Echo {
 	e := echo.New()
 	e.HideBanner = true
 	e.HidePort = true
@@ -124,14 +163,7 @@ func New(rt *framework.Runtime, keys *auth.Keyring, cfg *Config) *Server {
 	}
 	e.Pre(s.begin)
 	e.Use(rejectMalformedQuery)
-	// Route-level middleware, not a Group's: a group with middleware adds a
-	// catch-all route, which turns 405s into 404s and asks unknown paths
-	// for a token.
-	e.POST("/api/write", s.handleWrite, s.Authenticate, s.idempotent)
-	e.POST("/api/batch", s.handleBatch, s.Authenticate, s.idempotent)
-	e.POST("/api/query", s.handleQuery, s.Authenticate)
-	s.e = e
-	return s
+	return e
 }
 
 // Echo returns the echo instance, for other packages to add routes (SSE,
@@ -146,8 +178,8 @@ func (s *Server) Echo() *echo.Echo { return s.e }
 func (s *Server) Handler() http.Handler { return s.e }
 
 // RequestID returns the request's id: the client's sane X-Request-ID, else
-// a generated UUID. It returns "" outside a [Server]'s request and
-// outside [AssignIDs].
+// a generated UUID. It returns "" outside a [Server]'s request and outside
+// [NewBase]'s.
 func RequestID(c echo.Context) string {
 	id, _ := c.Get(keyRequestID).(string)
 	return id
@@ -211,16 +243,6 @@ func (s *Server) begin(next echo.HandlerFunc) echo.HandlerFunc {
 				slog.String("correlation_id", corr),
 			)
 		}()
-		return next(c)
-	}
-}
-
-// AssignIDs is middleware for an echo instance other than the Server's
-// (a worker's health port): it gives each request its ids as the Server
-// does, so RequestID, CorrelationID and the error envelope name it.
-func AssignIDs(next echo.HandlerFunc) echo.HandlerFunc {
-	return func(c echo.Context) error {
-		assignIDs(c)
 		return next(c)
 	}
 }
