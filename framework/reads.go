@@ -26,11 +26,16 @@ type ReadRouter interface {
 // ReadFailover is a [ReadRouter] that moves a query to the primary when the
 // replica connection it handed out is lost before the query produced its
 // result (the replica stopped, restarted or crashed while the query ran,
-// or ended the connection after the pool checked it): a query is
-// read-only, so the runtime runs it once more, on the connection
-// ReplicaLost returns. Without it, or when a primary connection is lost,
-// the query fails 503 unavailable. framework/replica's router implements
-// it.
+// or ended the connection after the pool checked it), or when the replica
+// cancels the query for a conflict with recovery (a hot standby replaying
+// a change that the query's snapshot or locks stand in the way of, past
+// max_standby_streaming_delay: SQLSTATE 40001, or 40P01 for a buffer pin
+// deadlock). A query is read-only, so the runtime runs it once more, on
+// the connection ReplicaLost or ReplicaConflict returns, and the second
+// run's result, or error, is the query's. Without it, or when a primary
+// connection is lost, the query fails 503 unavailable; a 40001 or 40P01
+// of the primary, or of a read server that is not in recovery, stays the
+// client's 409 conflict. framework/replica's router implements it.
 type ReadFailover interface {
 	ReadRouter
 	// AcquireReadConn is AcquireRead that also reports whether the
@@ -39,6 +44,10 @@ type ReadFailover interface {
 	// ReplicaLost is told that a query lost its replica connection with
 	// err; it returns a primary connection to run the query once more on.
 	ReplicaLost(ctx context.Context, err error) (*pgxpool.Conn, error)
+	// ReplicaConflict is told that the replica cancelled a query with err,
+	// a conflict with recovery; the replica still works. It returns a
+	// primary connection to run the query once more on.
+	ReplicaConflict(ctx context.Context, err error) (*pgxpool.Conn, error)
 }
 
 // QueryCacheStore keeps the results of cached queries (declared with

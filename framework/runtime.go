@@ -22,7 +22,8 @@ import (
 
 // RuntimeConfig tunes [NewRuntime]. A nil *RuntimeConfig means the defaults.
 type RuntimeConfig struct {
-	// Logger receives after-commit problems. Defaults to discarding.
+	// Logger receives after-commit problems and the queries a replica
+	// cancelled for a conflict with recovery. Defaults to discarding.
 	Logger *slog.Logger
 	// ReadPool runs query handlers (a replica). Defaults to the primary pool.
 	ReadPool *pgxpool.Pool
@@ -344,20 +345,33 @@ func (rt *Runtime) Query(ctx context.Context, call Call, cmd Command) (any, erro
 }
 
 // query runs d with the decoded input in on a read connection for token. A
-// query that lost its replica connection runs once more on the primary
-// (see [ReadFailover]).
+// query that lost its replica connection, or that the replica cancelled
+// for a conflict with recovery, runs once more on the primary (see
+// [ReadFailover]).
 func (rt *Runtime) query(ctx context.Context, call Call, d *queryDef, in any, token string) (any, error) {
 	conn, onReplica, err := rt.acquireRead(ctx, token)
 	if err != nil {
 		return nil, err
 	}
 	out, err := rt.queryOn(ctx, conn, call, d, in)
-	if err == nil || !onReplica || !queryConnLost(ctx, conn, err) {
+	if err == nil || !onReplica {
+		conn.Release()
+		return out, err
+	}
+	var failover func(context.Context, error) (*pgxpool.Conn, error)
+	switch {
+	case queryConnLost(ctx, conn, err):
+		failover = rt.router.(ReadFailover).ReplicaLost
+	case recoveryConflict(ctx, conn, err):
+		rt.logger.Warn("replica cancelled a query for a conflict with recovery, it runs on the primary",
+			"query", d.qualified, "request_id", call.RequestID, "error", err, "detail", pgErrorDetail(err))
+		failover = rt.router.(ReadFailover).ReplicaConflict
+	default:
 		conn.Release()
 		return out, err
 	}
 	conn.Release()
-	conn, ferr := rt.router.(ReadFailover).ReplicaLost(ctx, err)
+	conn, ferr := failover(ctx, err)
 	if ferr != nil {
 		if ctx.Err() != nil {
 			return nil, err
@@ -373,6 +387,36 @@ func (rt *Runtime) query(ctx context.Context, call Call, d *queryDef, in any, to
 func queryConnLost(ctx context.Context, conn *pgxpool.Conn, err error) bool {
 	return ctx.Err() == nil && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) &&
 		connectionLost(conn.Conn(), err)
+}
+
+// recoveryConflict reports whether a query failed with err, on the
+// replica connection conn, because the server cancelled it for a conflict
+// with recovery: a 40001 (snapshot, lock, tablespace) or 40P01 (buffer pin
+// deadlock) from a server in recovery. Postgres gives these conflicts no
+// SQLSTATE of their own, and its message may be translated; but a hot
+// standby refuses serializable transactions, so a read there sees another
+// 40001 or 40P01 only when it makes one itself (a function raising it, a
+// deadlock over advisory locks), which runs once more on the primary
+// harmlessly. A server that is not in recovery (a promoted standby, a
+// primary as read server) has no recovery to conflict with: its 40001 is a
+// real one and stays the client's. The check costs a round trip on the
+// failed query's connection, whose transaction has ended, and only then.
+func recoveryConflict(ctx context.Context, conn *pgxpool.Conn, err error) bool {
+	pgErr, ok := errors.AsType[*pgconn.PgError](err)
+	if !ok || (pgErr.Code != "40001" && pgErr.Code != "40P01") || ctx.Err() != nil {
+		return false
+	}
+	var inRecovery bool
+	return conn.QueryRow(ctx, `SELECT pg_is_in_recovery()`).Scan(&inRecovery) == nil && inRecovery
+}
+
+// pgErrorDetail returns the DETAIL of the Postgres error in err's chain
+// (for a conflict with recovery, which kind it was), "" for none.
+func pgErrorDetail(err error) string {
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
+		return pgErr.Detail
+	}
+	return ""
 }
 
 // queryOn runs d with the decoded input in on conn, in a read-only

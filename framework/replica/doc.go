@@ -37,4 +37,15 @@
 // is already running. A token query that finds every replica connection
 // in use by other queries until that bound runs on the primary as a lag
 // fallback, without the cooldown: a busy replica has not failed.
+//
+// # Conflicts with recovery
+//
+// A hot standby cancels a query that holds back the replay of the
+// primary's changes past its max_standby_streaming_delay ("canceling
+// statement due to conflict with recovery", SQLSTATE 40001, or 40P01 for a
+// buffer pin deadlock). Such a query runs once more on the primary,
+// counted as kumiko_replica_fallbacks_total{reason="recovery_conflict"}
+// ([Router.ReplicaConflict]); the replica works, so no cooldown starts. A
+// 40001 of the primary, or of a read server not in recovery, stays the
+// client's 409 conflict.
 package replica

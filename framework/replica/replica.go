@@ -66,6 +66,11 @@ const (
 	ReasonLag = "lag"
 	// ReasonError: the replica could not be reached or answered an error.
 	ReasonError = "error"
+	// ReasonRecoveryConflict: the replica cancelled the query because it
+	// conflicted with the replay of the primary's changes (SQLSTATE 40001
+	// or 40P01 from a hot standby, "canceling statement due to conflict
+	// with recovery").
+	ReasonRecoveryConflict = "recovery_conflict"
 )
 
 // New returns a router over the primary and replica pools. It fails when a
@@ -86,7 +91,7 @@ func New(primary, replica *pgxpool.Pool, cfg *Config) (*Router, error) {
 		log:      cmp.Or(cfg.Logger, slog.New(slog.DiscardHandler)),
 		fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kumiko_replica_fallbacks_total",
-			Help: "Queries that ran on the primary instead of the replica: its replay lagged behind their consistency token (lag) or it failed (error).",
+			Help: "Queries that ran on the primary instead of the replica: its replay lagged behind their consistency token (lag), it failed (error), or it cancelled the query for a conflict with recovery (recovery_conflict).",
 		}, []string{"reason"}),
 	}
 	if cfg.Metrics != nil {
@@ -125,6 +130,14 @@ func (r *Router) AcquireRead(ctx context.Context, token string) (*pgxpool.Conn, 
 // connection for the query to run once more on.
 func (r *Router) ReplicaLost(ctx context.Context, err error) (*pgxpool.Conn, error) {
 	return r.fallback(ctx, ReasonError, err)
+}
+
+// ReplicaConflict implements [framework.ReadFailover]: the replica
+// cancelled a query for a conflict with recovery. It counts a
+// recovery_conflict fallback and returns a primary connection for the
+// query to run once more on; the replica works, so no cooldown starts.
+func (r *Router) ReplicaConflict(ctx context.Context, _ error) (*pgxpool.Conn, error) {
+	return r.fallback(ctx, ReasonRecoveryConflict, nil)
 }
 
 // AcquireReadConn implements [framework.ReadFailover]: [Router.AcquireRead]
@@ -209,8 +222,8 @@ func (r *Router) fallback(ctx context.Context, reason string, cause error) (*pgx
 }
 
 // Fallbacks returns how many queries ran on the primary for reason
-// ([ReasonLag] or [ReasonError]) since the router was made (or since its
-// collector was first registered).
+// ([ReasonLag], [ReasonError] or [ReasonRecoveryConflict]) since the
+// router was made (or since its collector was first registered).
 func (r *Router) Fallbacks(reason string) float64 {
 	c, err := r.fallbacks.GetMetricWithLabelValues(reason)
 	if err != nil {

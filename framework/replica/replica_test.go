@@ -43,8 +43,8 @@ type cluster struct {
 
 // newCluster initialises a primary, migrates a "kumiko" database on it,
 // clones it with pg_basebackup -R -X stream and starts the clone as a hot
-// standby streaming from the primary.
-func newCluster(t *testing.T) *cluster {
+// standby streaming from the primary, with standbySettings on top.
+func newCluster(t *testing.T, standbySettings ...string) *cluster {
 	t.Helper()
 	d := pgcluster.New(t)
 	settings := []string{"wal_level=replica", "max_wal_senders=4", "hot_standby=on"}
@@ -64,7 +64,7 @@ func newCluster(t *testing.T) *cluster {
 	standbyDir := filepath.Join(d.Path, "standby")
 	d.Run("pg_basebackup", "-h", "127.0.0.1", "-p", strconv.Itoa(c.primary.Port), "-U", "postgres",
 		"-D", standbyDir, "-R", "-X", "stream", "-c", "fast", "--no-sync")
-	c.standby = d.Start(standbyDir, settings...)
+	c.standby = d.Start(standbyDir, append(settings[:len(settings):len(settings)], standbySettings...)...)
 	return c
 }
 
