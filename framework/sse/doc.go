@@ -26,7 +26,8 @@
 //
 // The id is an opaque cursor (the event's commit key and position, the same
 // cursor the dispatcher keeps). A comment line (": heartbeat") every 15 s
-// keeps proxies from closing an idle stream. A stream ends when its token
+// keeps proxies from closing an idle stream, also while a replay sends
+// nothing (its filter passes none of a backlog). A stream ends when its token
 // expires ([web.TokenExpiry]); the client reconnects with a fresh one.
 //
 // # Resume

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -119,7 +120,10 @@ func (s *stream) run(ctx context.Context, c echo.Context, tenant string, f Filte
 		return
 	}
 	if resume {
-		if err := s.h.replay(ctx, tenant, f, s.last, s.sub.from, s); err != nil {
+		stopBeats := s.beatDuringReplay(ctx)
+		err := s.h.replay(ctx, tenant, f, s.last, s.sub.from, s)
+		stopBeats()
+		if err != nil {
 			switch {
 			case errors.Is(err, errPrunedDuringReplay):
 				s.h.log.Info("sse replay ended: a prune deleted events it had yet to send; the client's resume will be refused",
@@ -136,6 +140,44 @@ func (s *stream) run(ctx context.Context, c echo.Context, tenant string, f Filte
 		s.last = s.sub.from
 	}
 	s.live(ctx)
+}
+
+// beatDuringReplay writes a heartbeat every Config.Heartbeat until the
+// returned stop is called (which waits for it to end). A replay may send
+// nothing for long: its filter passes none of a backlog (or only internal
+// and undeclared types are left), or a page's read is slow. Without
+// heartbeats such a stream is idle to every proxy on its way, which cuts
+// it, and the client, resuming from the same id, replays the same backlog
+// again and never reaches the live part. The writes share the stream with
+// the replay's (see stream.out).
+func (s *stream) beatDuringReplay(ctx context.Context) (stop func()) {
+	quit := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(s.h.cfg.Heartbeat)
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-ctx.Done():
+				return
+			case <-s.h.done:
+				return
+			case <-s.sub.gone:
+				return
+			case <-t.C:
+				if s.write(heartbeat) != nil {
+					return
+				}
+			}
+		}
+	}()
+	return func() {
+		close(quit)
+		<-done
+	}
 }
 
 // waitReady waits for Prime, bounded by ReadyWait.
@@ -324,8 +366,11 @@ var errWrite = errors.New("sse: write to client failed")
 
 // stream is one client's response.
 type stream struct {
-	h    *Hub
-	sub  *subscriber
+	h   *Hub
+	sub *subscriber
+	// out serialises writes to the response: during a replay, the
+	// replay's frames and the heartbeats of beatDuringReplay.
+	out  sync.Mutex
 	w    *echo.Response
 	rc   *http.ResponseController
 	last eventstore.Cursor
@@ -347,6 +392,8 @@ const writeChunk = 32 << 10
 // that timed out drops the client (counted); any other failure (the client
 // left, or Close cut it) just ends the stream.
 func (s *stream) write(parts ...[]byte) error {
+	s.out.Lock()
+	defer s.out.Unlock()
 	if err := s.begin(); err != nil {
 		return err
 	}

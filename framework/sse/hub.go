@@ -38,7 +38,8 @@ type Config struct {
 	// [DefaultBuffer].
 	Buffer int
 	// Heartbeat is the period of the comment frames that keep idle
-	// connections (and the proxies on their way) open. Defaults to 15s.
+	// connections (and the proxies on their way) open, live and while a
+	// replay sends nothing. Defaults to 15s.
 	Heartbeat time.Duration
 	// Retry is the reconnection delay the stream asks clients to use (the
 	// `retry:` field). Defaults to 2s.
