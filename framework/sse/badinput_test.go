@@ -71,3 +71,29 @@ func TestRepeatedLastEventIDHeaderIsRefused(t *testing.T) {
 	require.Contains(t, string(body), `"code":"bad_request"`)
 	require.Contains(t, string(body), "Last-Event-ID")
 }
+
+// TestBlankLastEventIDIsRefused: ?lastEventId= given without a value (a
+// page whose stored id came out empty, an unset variable in a script) is a
+// 400 like any other id that names no event, as ?lastEventId=%20 is: it
+// must not start a fresh stream at the present, which silently skips
+// everything written since the client's real last event. Left out, the
+// stream starts at the present.
+func TestBlankLastEventIDIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	for _, q := range []string{"lastEventId=", "lastEventId", "lastEventId=%20", "types=orders:event:placed&lastEventId="} {
+		code, body := b.status(t, request{tenant: "acme", query: q})
+		require.Equal(t, http.StatusBadRequest, code, "%s: the stream started at the present", q)
+		require.Contains(t, body, `"code":"bad_request"`, q)
+		require.Contains(t, body, "lastEventId", q)
+	}
+	code, body := b.status(t, request{tenant: "acme", query: "types=orders:event:placed"})
+	require.Equal(t, http.StatusOK, code, body)
+	// The header wins over the parameter, blank or not: an EventSource
+	// opened with a blank one reconnects with the header.
+	b.note(t, "acme", "memo", 1, "")
+	b.note(t, "acme", "memo", 2, "")
+	log := b.logOf(t, "acme")
+	c := b.connect(t, request{tenant: "acme", query: "lastEventId=", lastID: log[0]})
+	require.Equal(t, log[1:], ids(c.waitFor(t, 1)))
+}

@@ -46,7 +46,8 @@
 // is set by [Hub.Prime] at the visibility horizon, so even the first clients
 // of a fresh process get everything.
 //
-// A malformed id, or one that does not name an event of this log visible to
+// A malformed id (a lastEventId parameter given empty, without the header,
+// among them), or one that does not name an event of this log visible to
 // the caller's tenant (the event at the id's position must exist, belong to
 // the tenant, and carry the id's commit key) is answered 400: another
 // tenant's, another deployment's, a forged or a pruned id cannot be resumed

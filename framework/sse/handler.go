@@ -39,7 +39,8 @@ func (h *Hub) Mount(s *web.Server) {
 
 // Serve is the handler of GET /api/sse. The caller must be authenticated
 // ([web.PrincipalFrom]); the tenant comes from the token only. It answers
-// 400 for a bad filter or a malformed or foreign Last-Event-ID, 503 while the
+// 400 for a bad filter, a malformed or foreign Last-Event-ID, or a
+// lastEventId parameter given empty (without the header), 503 while the
 // hub is not primed or after Close, and otherwise streams until the client
 // goes away, the hub drops it, the hub closes, or the token expires
 // ([web.TokenExpiry]: the stream ends normally and the client reconnects,
@@ -65,7 +66,15 @@ func (h *Hub) Serve(c echo.Context) error {
 	}
 	var after eventstore.Cursor
 	resume := false
-	if id := cmpOr(req.Header.Get(HeaderLastEventID), queryID); id != "" {
+	id := cmpOr(req.Header.Get(HeaderLastEventID), queryID)
+	if _, given := req.URL.Query()[QueryLastEventID]; given && id == "" {
+		// A page whose stored id came out empty: starting at the present
+		// would skip, silently, everything since its real last event.
+		return &framework.Error{Code: framework.CodeBadRequest,
+			Message: "lastEventId is empty: send back an id this stream sent, or leave the parameter out to start at the present",
+			Details: map[string]any{"lastEventId": ""}}
+	}
+	if id != "" {
 		if after, err = ParseEventID(id); err != nil {
 			return &framework.Error{Code: framework.CodeBadRequest,
 				Message: "malformed Last-Event-ID: send back an id this stream sent", Details: map[string]any{"lastEventId": framework.Excerpt(id)}}
