@@ -17,3 +17,15 @@ func Writing(h *Hub) int {
 	}
 	return n
 }
+
+// Pending returns the number of published events h's fan-out has not
+// taken yet.
+func Pending(h *Hub) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.pending)
+}
+
+// MaxPending returns how many published events may wait for h's fan-out
+// before Publish waits.
+func MaxPending(h *Hub) int { return h.maxPending }

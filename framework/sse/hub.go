@@ -34,8 +34,10 @@ type Config struct {
 	// disconnected (it reconnects with its last id and catches up from the
 	// events table), so one slow client never delays the others. Keep it
 	// above the dispatcher's batch size: one pass publishes a whole batch
-	// at once (the entrypoint makes it at least twice that). Defaults to
-	// [DefaultBuffer].
+	// at once (the entrypoint makes it at least twice that). Half of it
+	// also bounds the published events waiting for the hub's fan-out,
+	// beyond which the consumer's pass waits (see [Hub.Publish]). Defaults
+	// to [DefaultBuffer].
 	Buffer int
 	// Heartbeat is the period of the comment frames that keep idle
 	// connections (and the proxies on their way) open, live and while a
@@ -83,11 +85,13 @@ type Hub struct {
 	closed  bool
 
 	// pending holds published events the fan-out goroutine has not
-	// delivered yet; space (on mu) signals room in it, work a new event.
-	pending []framework.Envelope
-	space   *sync.Cond
-	work    chan struct{}
-	fanDone chan struct{}
+	// delivered yet, at most maxPending (half of Config.Buffer: see
+	// Publish); space (on mu) signals room in it, work a new event.
+	pending    []framework.Envelope
+	maxPending int
+	space      *sync.Cond
+	work       chan struct{}
+	fanDone    chan struct{}
 
 	ready     chan struct{}
 	readyOnce sync.Once
@@ -123,10 +127,12 @@ func New(pool *pgxpool.Pool, reg *framework.Registry, cfg *Config) (*Hub, error)
 		cfg:     c,
 		log:     cmp.Or(c.Logger, slog.New(slog.DiscardHandler)),
 		tenants: map[string]map[*subscriber]struct{}{},
-		work:    make(chan struct{}, 1),
-		fanDone: make(chan struct{}),
-		ready:   make(chan struct{}),
-		done:    make(chan struct{}),
+		// At least one: Publish must be able to hand over an event.
+		maxPending: max(c.Buffer/2, 1),
+		work:       make(chan struct{}, 1),
+		fanDone:    make(chan struct{}),
+		ready:      make(chan struct{}),
+		done:       make(chan struct{}),
 		clients: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kumiko_sse_clients",
 			Help: "SSE clients connected to this process.",
@@ -331,22 +337,26 @@ func (s *subscriber) take(spare []*frame) []*frame {
 	return out
 }
 
-// maxPending bounds the events waiting for the fan-out goroutine; Publish
-// waits while it is reached.
-const maxPending = 4096
-
 // Publish hands one committed event, below the visibility horizon, to the
 // hub; a goroutine of the hub delivers it to the clients of its tenant whose
 // filter it passes. Events must arrive in cursor order; an event at or
 // before the last one published (a redelivery after a pass that failed to
-// commit) is ignored. Publish returns at once unless 4096 events already
-// wait for delivery (then it waits: the consumer's pass slows down, no event
-// is lost). A client whose buffer is full is dropped, never waited for.
+// commit) is ignored. Publish returns at once unless half of Config.Buffer
+// events already wait for delivery (then it waits: the consumer's pass slows
+// down, no event is lost). A client whose buffer is full is dropped, never
+// waited for.
+//
+// The bound is what keeps a client that keeps up from being dropped while
+// the fan-out lags (a slow upcaster): the fan-out delivers everything that
+// waits as one round, and a round larger than a client's buffer would drop
+// every client of the tenant, fast ones included. With it, a round holds at
+// most half a buffer, so only a client that has not taken the round before
+// can overflow.
 func (h *Hub) Publish(env framework.Envelope) {
 	cur := env.Cursor()
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for len(h.pending) >= maxPending && !h.closed {
+	for len(h.pending) >= h.maxPending && !h.closed {
 		h.space.Wait()
 	}
 	if h.closed || !h.last.Less(cur) {
