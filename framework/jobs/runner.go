@@ -380,9 +380,10 @@ func (r *Runner) handler(lane framework.RunIn, j *Job) asynq.HandlerFunc {
 		jc.CorrelationID, jc.CausationID, jc.UserID = h[headerCorrelation], h[headerCausation], h[headerUser]
 		jc.run = h[headerRun]
 		// One sample per run: a retry is no new delivery of the event, and
-		// its age then would measure the backoff.
+		// its age then would measure the backoff; nor is a restart of a run
+		// a worker's shutdown put back on its queue (see firstStart).
 		if v := h[headerEventAt]; v != "" && jc.Retry == 0 {
-			if at, perr := time.Parse(time.RFC3339Nano, v); perr == nil {
+			if at, perr := time.Parse(time.RFC3339Nano, v); perr == nil && r.firstStart(ctx, jc) {
 				r.metrics.eventToStart.WithLabelValues(string(lane), j.name).Observe(start.Sub(at).Seconds())
 			}
 		}
@@ -475,6 +476,27 @@ func (r *Runner) bounded(ctx context.Context, j *Job, jc *Context, payload []byt
 // outcome of the run.
 func (r *Runner) interrupted(ctx context.Context) bool {
 	return r.stopping.Load() && errors.Is(ctx.Err(), context.Canceled)
+}
+
+// markStartedScript sets the started mark of a run's task hash (KEYS[1])
+// and returns 1 if the hash exists and had none; it creates no hash for a
+// run an operator deleted meanwhile.
+var markStartedScript = redis.NewScript(`if redis.call("EXISTS", KEYS[1]) == 0 then return 0 end
+return redis.call("HSETNX", KEYS[1], "kumiko_started", "1")`)
+
+// firstStart reports whether a run's first attempt starts for the first
+// time. A run still going when a worker's ShutdownTimeout passes is put
+// back on its queue unchanged, its retry count still 0, so the retry count
+// alone cannot tell its restart from its start; the runner marks the
+// task's hash (asynq's storage layout, see taskKey, which asynq deletes
+// with the run) when it first starts. When Redis cannot be asked it
+// reports true: a sample too many rather than none.
+func (r *Runner) firstStart(ctx context.Context, jc *Context) bool {
+	queue, _ := asynq.GetQueueName(ctx)
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.EnqueueTimeout)
+	defer cancel()
+	n, err := markStartedScript.Run(ctx, r.rdb, []string{taskKey(queue, jc.TaskID)}).Int()
+	return err != nil || n == 1
 }
 
 // releaseUniqueScript deletes a uniqueness lock (KEYS[1]) if the run
