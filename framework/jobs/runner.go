@@ -241,6 +241,7 @@ func (r *Runner) Run(ctx context.Context) error {
 			DelayedTaskCheckInterval: r.cfg.RetryCheckInterval,
 			RetryDelayFunc:           r.retryDelay,
 			ShutdownTimeout:          r.cfg.ShutdownTimeout,
+			ErrorHandler:             r.failed(lane),
 			Logger:                   asynqLogger{r.log},
 			LogLevel:                 asynq.WarnLevel,
 		})
@@ -357,8 +358,7 @@ func (r *Runner) undeclared(ctx context.Context, lane framework.RunIn, t *asynq.
 	if jc.Retry >= jc.MaxRetry {
 		err = lastAttempt{err}
 	}
-	r.finish(jc, start, err)
-	return err
+	return &runFailure{error: err, jc: jc, start: start}
 }
 
 // handler runs one job's tasks of a lane.
@@ -391,22 +391,23 @@ func (r *Runner) handler(lane framework.RunIn, j *Job) asynq.HandlerFunc {
 			if v := recover(); v != nil {
 				err = fmt.Errorf("jobs: %s: panic: %v", j.name, v)
 			}
-			if err != nil && r.interrupted(ctx) {
+			if err == nil {
+				r.finish(jc, start, nil)
+				return
+			}
+			if r.interrupted(ctx) {
 				// asynq put the run back on its queue: it neither failed
 				// nor is archived, and it keeps its uniqueness lock.
 				r.log.Warn("job interrupted by shutdown", append(r.attrs(jc, start), "error", err)...)
-				return
 			}
-			if err != nil && jc.Retry >= jc.MaxRetry && !errors.Is(err, SkipRetry) {
+			if jc.Retry >= jc.MaxRetry && !errors.Is(err, SkipRetry) {
 				// Archive now: the task's remaining attempt is kept for
 				// a worker that dies during a run (crashReserve).
 				err = lastAttempt{err}
 			}
-			if err != nil && j.opts.Unique > 0 && (errors.Is(err, SkipRetry) || jc.Retry >= jc.MaxRetry) {
-				queue, _ := asynq.GetQueueName(ctx)
-				r.releaseUnique(ctx, jc, queue)
-			}
-			r.finish(jc, start, err)
+			// Counted (and its Unique lock freed) by failed, once asynq
+			// takes it as a failure.
+			err = &runFailure{error: err, jc: jc, start: start, unique: j.opts.Unique > 0}
 		}()
 		jc.CorrelationID = cmp.Or(jc.CorrelationID, jc.TaskID)
 		var overran bool
@@ -499,6 +500,65 @@ func (r *Runner) firstStart(ctx context.Context, jc *Context) bool {
 	return err != nil || n == 1
 }
 
+// runFailure is what a run's handler returns to asynq when the run
+// failed: the error, with what [Runner.failed] needs to count it.
+type runFailure struct {
+	error
+	jc     *Context
+	start  time.Time
+	unique bool
+}
+
+// Unwrap returns the run's error.
+func (e *runFailure) Unwrap() error { return e.error }
+
+// failed is a lane's asynq ErrorHandler: it counts and logs a failed run
+// and frees the uniqueness lock of a Unique job's run that asynq is about
+// to archive (see [Runner.releaseUnique]). asynq calls it only when it
+// retries or archives the run, not when its ShutdownTimeout passed and it
+// put the run back on its queue, which it may do even after the handler
+// returned its error: what asynq then throws away is no outcome of the run,
+// and counting it in the handler counted a run as failed (or archived, its
+// Unique lock freed, so an equal run could start) that was to run again.
+// A run asynq failed before its handler returned (its deadline passed, its
+// lease ran out, an operator canceled it) is counted from the task.
+func (r *Runner) failed(lane framework.RunIn) asynq.ErrorHandlerFunc {
+	return func(ctx context.Context, t *asynq.Task, err error) {
+		var rf *runFailure
+		if !errors.As(err, &rf) {
+			rf = r.unreturned(ctx, lane, t, err)
+		}
+		if rf.unique && errors.Is(rf.error, SkipRetry) {
+			queue, _ := asynq.GetQueueName(ctx)
+			r.releaseUnique(ctx, rf.jc, queue)
+		}
+		r.finish(rf.jc, rf.start, rf.error)
+	}
+}
+
+// unreturned describes a run that asynq failed with err before its
+// handler returned (whose later return asynq ignores).
+func (r *Runner) unreturned(ctx context.Context, lane framework.RunIn, t *asynq.Task, err error) *runFailure {
+	jc := &Context{Job: t.Type(), Lane: lane}
+	jc.TaskID, _ = asynq.GetTaskID(ctx)
+	jc.Retry, _ = asynq.GetRetryCount(ctx)
+	limit, _ := asynq.GetMaxRetry(ctx)
+	jc.MaxRetry = max(limit-crashReserve, 0)
+	h := t.Headers()
+	jc.CorrelationID, jc.CausationID, jc.UserID = h[headerCorrelation], h[headerCausation], h[headerUser]
+	var w struct {
+		Tenant string `json:"tenant"`
+	}
+	_ = json.Unmarshal(t.Payload(), &w)
+	jc.TenantID = w.Tenant
+	if jc.Retry >= limit && !errors.Is(err, SkipRetry) {
+		// asynq archives it: even the crash reserve is spent.
+		err = lastAttempt{err}
+	}
+	j := r.set.Job(t.Type())
+	return &runFailure{error: err, jc: jc, start: time.Now(), unique: j != nil && j.opts.Unique > 0}
+}
+
 // releaseUniqueScript deletes a uniqueness lock (KEYS[1]) if the run
 // ARGV[1] still holds it.
 var releaseUniqueScript = redis.NewScript(`if redis.call("GET", KEYS[1]) == ARGV[1] then return redis.call("DEL", KEYS[1]) end
@@ -567,7 +627,7 @@ func (r *Runner) finish(jc *Context, start time.Time, err error) {
 	attrs := r.attrs(jc, start)
 	r.metrics.failed.WithLabelValues(lane, job).Inc()
 	attrs = append(attrs, "error", err)
-	if errors.Is(err, SkipRetry) || jc.Retry >= jc.MaxRetry {
+	if errors.Is(err, SkipRetry) {
 		r.metrics.archived.WithLabelValues(lane, job).Inc()
 		r.log.Error("job archived", attrs...)
 		return
