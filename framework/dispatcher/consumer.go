@@ -29,6 +29,9 @@ type Consumer struct {
 	// per-tenant scoping round trips (they do not touch tenant tables).
 	System bool
 	// SkipApplyErrors records a failing event as a dead letter and moves on.
+	// A pass lost under a handler (its connection ended, or its transaction
+	// a deadlock or serialization victim) is no failure of the event: it is
+	// retried as a transient one.
 	SkipApplyErrors bool
 	// MaxAttempts before the consumer turns dead. Defaults to 10.
 	MaxAttempts int

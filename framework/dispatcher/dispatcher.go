@@ -16,6 +16,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -792,6 +793,9 @@ type failure struct {
 	// timedOut is set when the attempt's context had ended when the event
 	// failed: the deadline, not the event, may be the cause.
 	timedOut bool
+	// lost is set when the pass, not the event, failed (see passLost):
+	// the event is retried like a transient failure.
+	lost bool
 	// typ, tenant and meta are the failed event's type, tenant and
 	// metadata, for the log.
 	typ, tenant string
@@ -882,8 +886,9 @@ func (d *Dispatcher) attempt(ctx context.Context, conn *pgx.Conn, c *consumerRun
 			aerr = sc.queueErr
 		}
 		if aerr != nil {
-			return res, &failure{index: i, err: aerr, at: env.Cursor(), from: st.cursor, timedOut: ctx.Err() != nil,
-				typ: env.Type, tenant: env.TenantID, meta: env.Metadata}, nil
+			timedOut := ctx.Err() != nil
+			return res, &failure{index: i, err: aerr, at: env.Cursor(), from: st.cursor, timedOut: timedOut,
+				lost: !timedOut && passLost(conn, aerr), typ: env.Type, tenant: env.TenantID, meta: env.Metadata}, nil
 		}
 		written += tx.Written()
 	}
@@ -920,7 +925,9 @@ func (d *Dispatcher) attempt(ctx context.Context, conn *pgx.Conn, c *consumerRun
 	// newer release's to handle: it waits for that code (the cursor stays,
 	// no attempt is counted, nothing is dead-lettered) rather than killing
 	// the consumer or being skipped past for good.
-	transient := f != nil && (errors.Is(f.err, framework.ErrNewerEventVersion) || c.Transient != nil && c.Transient(f.err))
+	// So is an event whose pass was lost under it (see passLost): it did
+	// nothing wrong, and neither counts an attempt nor is dead-lettered.
+	transient := f != nil && (f.lost || errors.Is(f.err, framework.ErrNewerEventVersion) || c.Transient != nil && c.Transient(f.err))
 	moved := true // the commit moves the cursor to cur
 	switch {
 	case f == nil:
@@ -987,6 +994,33 @@ WHERE name = $1 AND instance_id = $2`, c.Name, c.instance, attempts, bad.Positio
 		d.Wake()
 	}
 	return res, nil, nil
+}
+
+// passLost reports whether err, the failure of an event's handler in a
+// pass on conn, is the pass's rather than the event's: the database ended
+// the connection (pg_terminate_backend, a restart, a failover), or chose
+// the pass's transaction as the victim of a deadlock (40P01) or a
+// serialization failure (40001). The handler's writes are rolled back
+// either way; running the event again is the remedy, so it must neither
+// count toward MaxAttempts nor be dead-lettered by SkipApplyErrors, which
+// would lose its effect for good. A session the server ended because the
+// pass idled in its transaction for longer than
+// idle_in_transaction_session_timeout (25P03) is the handler's: it counts.
+func passLost(conn *pgx.Conn, err error) bool {
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
+		switch pgErr.Code {
+		case "40001", "40P01":
+			return true
+		case "25P03":
+			return false
+		}
+	}
+	if framework.DatabaseUnreachable(err) {
+		return true
+	}
+	// A handler's error that does not wrap the driver's: the connection
+	// tells, unless a deadline of the handler's own closed it.
+	return conn.IsClosed() && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled)
 }
 
 // panicError is a panic of a consumer's Apply or BeforeCommit, recovered

@@ -1,0 +1,77 @@
+package dispatcher_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kumiko-go/kumiko/framework"
+	"github.com/kumiko-go/kumiko/framework/dispatcher"
+)
+
+// TestLostPassIsNoFailureOfItsEvent: when the pass's connection is ended
+// under a handler (pg_terminate_backend, a failover) or the database picks
+// the pass's transaction as a deadlock or serialization victim, the event
+// did nothing wrong: it is retried, not counted as an attempt and never
+// dead-lettered. Before, a SkipApplyErrors projection moved past the
+// event (its effect lost for good), and a strict one counted the attempt
+// (MaxAttempts 1: dead).
+func TestLostPassIsNoFailureOfItsEvent(t *testing.T) {
+	t.Parallel()
+	var killed, deadlocked atomic.Bool
+	b := setup(t, func(b *bundle) {
+		kill := framework.MultiStreamProjection(b.f, "kill", &framework.ProjectionOptions{SkipApplyErrors: true})
+		framework.On(kill, b.noted, func(ctx context.Context, tx *framework.Tx, e framework.Event[noted]) error {
+			if e.Payload.N == 1 && killed.CompareAndSwap(false, true) {
+				var pid int
+				if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+					return err
+				}
+				// An operator (or a failover) ends the pass's connection.
+				if _, err := b.db.Pool.Exec(ctx, `SELECT pg_terminate_backend($1, 5000)`, pid); err != nil {
+					return err
+				}
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO seen VALUES ($1, 'kill', $2, $3, '', '')`, tx.TenantID(), e.ID, e.Payload.N)
+			return err
+		})
+		victim := framework.MultiStreamProjection(b.f, "victim", &framework.ProjectionOptions{MaxAttempts: 1})
+		framework.On(victim, b.noted, func(ctx context.Context, tx *framework.Tx, e framework.Event[noted]) error {
+			if e.Payload.N == 1 && deadlocked.CompareAndSwap(false, true) {
+				// What the server answers the victim of a deadlock.
+				_, err := tx.Exec(ctx, `DO $$ BEGIN RAISE EXCEPTION 'deadlock detected' USING ERRCODE = '40P01'; END $$`)
+				return err
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO seen VALUES ($1, 'victim', $2, $3, '', '')`, tx.TenantID(), e.ID, e.Payload.N)
+			return err
+		})
+	})
+	d := newDispatcher(t, b, &dispatcher.Config{RetryBaseDelay: time.Millisecond, RetryMaxDelay: 5 * time.Millisecond})
+	b.write(t, "t1", 0, 3, 3)
+
+	last := count(t, b, `SELECT max(position) FROM events`)
+	for _, name := range []string{"test:kill", "test:victim"} {
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			st := state(t, b, name, dispatcher.SharedInstance)
+			require.Equal(t, "idle", st.status, "%s: %+v", name, st)
+			if st.position == int64(last) {
+				break
+			}
+			require.True(t, time.Now().Before(deadline), "%s: %+v", name, st)
+			if _, err := d.RunOnce(context.Background(), name); err != nil {
+				t.Logf("%s: %v", name, err)
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+		short := name[len("test:"):]
+		require.Zero(t, count(t, b, `SELECT count(*) FROM event_dead_letters WHERE consumer = $1`, name), "%s dead-lettered an event", name)
+		require.Equal(t, 3, count(t, b, `SELECT count(*) FROM seen WHERE consumer = $1`, short), "%s lost an event's effect", name)
+		require.Equal(t, 3, count(t, b, `SELECT count(DISTINCT n) FROM seen WHERE consumer = $1`, short))
+	}
+	require.True(t, killed.Load())
+	require.True(t, deadlocked.Load())
+}
