@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -54,7 +55,10 @@ const StatusDeadLetters = 10
 var ErrConsumerNotFound = errors.New("dispatcher: consumer not found")
 
 // ErrNothingToSkip is returned (wrapped) by [Skip] when the consumer has no
-// recorded failing event and no visible event of its types after its cursor.
+// recorded failing event and no visible event of its types after its cursor,
+// and when its recorded failing event is not its to skip: pruned, of a type
+// it no longer consumes, or behind events of types it took on since the
+// failure, which it must be delivered first.
 var ErrNothingToSkip = errors.New("dispatcher: nothing to skip")
 
 // ErrEventNotFound is returned (wrapped) by [Rewind] when no event has the
@@ -530,6 +534,14 @@ const (
 	skipFailedSQL = `SELECT position, commit_key, type, tenant_id FROM events
 WHERE position = $1 AND (commit_key, position) > ($2::xid8, $3::bigint)`
 	skipGoneSQL = `SELECT NOT EXISTS (SELECT 1 FROM events WHERE position = $1)`
+	// skipBetweenSQL looks for events of the consumer's types and partition
+	// between its cursor and its failing event: none, unless its types
+	// changed since the failure was recorded (they were not its types
+	// then, so the pass that failed did not deliver them).
+	skipBetweenSQL = `SELECT EXISTS (SELECT 1 FROM events
+WHERE (commit_key, position) > ($1::xid8, $2::bigint) AND (commit_key, position) < ($3::xid8, $4::bigint)
+  AND ($5::text[] IS NULL OR type = ANY($5))
+  AND ($7::int = 1 OR kumiko_stream_partition(stream_id, $7) = $6))`
 	skipNextSQL = `SELECT position, commit_key, type, tenant_id FROM events
 WHERE (commit_key, position) > ($1::xid8, $2::bigint)
   AND commit_key < pg_snapshot_xmin(pg_current_snapshot())
@@ -554,7 +566,11 @@ const SkippedByOperator = "skipped by operator"
 // recorded failing event (failed position) when it lies after the cursor,
 // else the next visible event of the consumer's types after the cursor; a
 // recorded failing event that no longer exists (pruned) is refused with
-// [ErrNothingToSkip] rather than standing in the next event for it.
+// [ErrNothingToSkip] rather than standing in the next event for it. So is a
+// recorded failing event after the consumer's event types changed (a new
+// release registered it): one of a type it no longer consumes, and one
+// behind events of its new types, which the skip would pass by undelivered
+// (a restart delivers them first).
 // Attempts and the failure record are reset; a dead consumer turns idle, a
 // disabled one stays disabled. An empty instance means [SharedInstance].
 // It returns the dead letter; [ErrNothingToSkip] (wrapped) when there is no
@@ -571,6 +587,11 @@ func Skip(ctx context.Context, pool *pgxpool.Pool, name, instance string) (DeadL
 				return err
 			}
 			found = err == nil
+			if found {
+				if err := skipRecordedSafe(ctx, tx, row, dl.EventType, ck); err != nil {
+					return err
+				}
+			}
 			if !found {
 				// The failing event was deleted (a prune, while the
 				// consumer was disabled): the next event is not it, and
@@ -612,6 +633,33 @@ func Skip(ctx context.Context, pool *pgxpool.Pool, name, instance string) (DeadL
 		return DeadLetter{}, err
 	}
 	return dl, nil
+}
+
+// skipRecordedSafe refuses to skip the recorded failing event (of type
+// typ, at commit key ck) when the consumer's event types changed since the
+// failure was recorded (a new release registered it): an event of a type it
+// no longer consumes is not its to skip, and moving the cursor past the
+// failing event would pass by the events of its new types that lie before
+// it, undelivered and without a dead letter.
+func skipRecordedSafe(ctx context.Context, tx pgx.Tx, row opRow, typ string, ck uint64) error {
+	failed := *row.failedPosition
+	if row.eventTypes != nil && !slices.Contains(row.eventTypes, typ) {
+		return &opError{msg: fmt.Sprintf("the failing event %d of consumer %s is of type %s, which the consumer no longer consumes: nothing to skip; "+
+			"restart it (enable it if disabled; an idle one goes on by itself) to go on with the events of its types",
+			failed, label(row.name, row.instance), typ), kind: ErrNothingToSkip}
+	}
+	var between bool
+	if err := tx.QueryRow(ctx, skipBetweenSQL, row.cursor.CommitKey, row.cursor.Position, ck, failed,
+		row.eventTypes, row.partIndex, row.partCount).Scan(&between); err != nil {
+		return err
+	}
+	if between {
+		return &opError{msg: fmt.Sprintf("consumer %s has events of its types between its cursor %s and its failing event %d that it was not delivered "+
+			"(its event types changed since the failure): a skip would pass them by; restart it (enable it if disabled; an idle one goes on by itself) "+
+			"so that they are delivered first, and skip the event if it fails again",
+			label(row.name, row.instance), row.cursor, failed), kind: ErrNothingToSkip}
+	}
+	return nil
 }
 
 // RewindTo is the target of [Rewind]. Set Position or Time, not both; the
