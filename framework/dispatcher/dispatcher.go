@@ -253,6 +253,7 @@ func New(pool *pgxpool.Pool, reg *framework.Registry, consumers []Consumer, cfg 
 	for _, cr := range d.consumers {
 		d.metrics.processed.WithLabelValues(cr.Name, cr.instance)
 		d.metrics.failed.WithLabelValues(cr.Name, cr.instance)
+		d.metrics.lost.WithLabelValues(cr.Name, cr.instance)
 	}
 	return d, nil
 }
@@ -732,6 +733,14 @@ func (d *Dispatcher) pass(ctx context.Context, c *consumerRun) (passResult, erro
 		if fail.timedOut && fail.index > 0 {
 			d.log.Warn("consumer pass timed out; committing the events before", "consumer", c.Name, "instance_id", c.instance,
 				"position", fail.at.Position, "pass_timeout", d.cfg.PassTimeout.String())
+		} else if fail.lost {
+			// Routine on a failover or under lock contention, and no
+			// failure of the event: not in the failure counter, which
+			// alerts watch, nor logged as one.
+			d.metrics.lost.WithLabelValues(c.Name, c.instance).Inc()
+			attrs := append([]any{"consumer", c.Name, "instance_id", c.instance, "position", fail.at.Position},
+				eventAttrs(fail.typ, fail.tenant, fail.meta)...)
+			d.log.Warn("consumer pass lost; retrying its event", append(attrs, "error", fail.err)...)
 		} else {
 			if fail.timedOut {
 				fail.err = fmt.Errorf("handler outlasted the pass timeout: %w", fail.err)
@@ -954,15 +963,19 @@ func (d *Dispatcher) attempt(ctx context.Context, conn *pgx.Conn, c *consumerRun
 		dead := !transient && attempts >= c.MaxAttempts
 		delay := d.backoff(backoffN)
 		res.retryAt = time.Now().Add(delay)
+		lastError := f.err.Error()
+		if f.lost {
+			lastError = PassLost + ": " + lastError
+		}
 		if len(apply) == 0 {
 			// The cursor stays where it is.
 			b.Queue(`UPDATE event_consumers SET attempts = $3, failed_position = $4, last_error = $5,
   next_attempt_at = now() + $6::interval,
   status = CASE WHEN $7 THEN 'dead' ELSE status END,
   dead_at = CASE WHEN $7 THEN now() ELSE dead_at END, updated_at = now()
-WHERE name = $1 AND instance_id = $2`, c.Name, c.instance, attempts, bad.Position, truncate(f.err.Error()), delay, dead)
+WHERE name = $1 AND instance_id = $2`, c.Name, c.instance, attempts, bad.Position, truncate(lastError), delay, dead)
 		} else {
-			b.Queue(failSQL, c.Name, c.instance, cur.CommitKey, cur.Position, len(apply), attempts, bad.Position, truncate(f.err.Error()), delay, dead)
+			b.Queue(failSQL, c.Name, c.instance, cur.CommitKey, cur.Position, len(apply), attempts, bad.Position, truncate(lastError), delay, dead)
 		}
 		if dead {
 			attrs := append([]any{"consumer", c.Name, "instance_id", c.instance, "position", bad.Position},
@@ -995,6 +1008,11 @@ WHERE name = $1 AND instance_id = $2`, c.Name, c.instance, attempts, bad.Positio
 	}
 	return res, nil, nil
 }
+
+// PassLost starts the last error a state row records for a pass lost under
+// its event's handler (see the README's Failures): the event is retried
+// without counting an attempt.
+const PassLost = "pass lost, retried without counting an attempt"
 
 // passLost reports whether err, the failure of an event's handler in a
 // pass on conn, is the pass's rather than the event's: the database ended

@@ -11,6 +11,7 @@ type metrics struct {
 	lag        *prometheus.GaugeVec
 	processed  *prometheus.CounterVec
 	failed     *prometheus.CounterVec
+	lost       *prometheus.CounterVec
 	visibility prometheus.Gauge
 	listen     prometheus.Gauge
 }
@@ -28,6 +29,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		failed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kumiko_event_consumer_events_failed_total",
 			Help: "Handler failures of the consumer.",
+		}, []string{"consumer", "instance_id"}),
+		lost: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kumiko_event_consumer_passes_lost_total",
+			Help: "Passes of the consumer lost under a handler (connection ended, deadlock or serialization victim): no failure of the event, which is retried without counting an attempt.",
 		}, []string{"consumer", "instance_id"}),
 		visibility: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kumiko_event_visibility_lag_seconds",
@@ -49,6 +54,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	if m.failed, err = kmetrics.Register(reg, m.failed); err != nil {
+		return nil, err
+	}
+	if m.lost, err = kmetrics.Register(reg, m.lost); err != nil {
 		return nil, err
 	}
 	if m.visibility, err = kmetrics.Register(reg, m.visibility); err != nil {
