@@ -3,6 +3,7 @@ package framework
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"reflect"
 	"sort"
@@ -18,6 +19,9 @@ type ReadRouter interface {
 	// AcquireRead returns a connection for a query. With a consistency
 	// token ([Runtime.WriteWithToken]) it must return a connection whose
 	// server has applied the token's write; with "" any read connection.
+	// A token ahead of the primary's WAL position, which no write of this
+	// database answered, it may refuse with a bad_request *[Error] whose
+	// cause is [ErrConsistencyTokenAhead] instead of waiting for it.
 	// A *[Error] it returns reaches the client as is; any other error is
 	// answered 503 unavailable.
 	AcquireRead(ctx context.Context, token string) (*pgxpool.Conn, error)
@@ -72,6 +76,15 @@ type QueryCacheStore interface {
 	// of an invalidation for no longer than ttl.
 	Fill(ctx context.Context, tenant, query, key, stamp string, value []byte, ttl time.Duration) error
 }
+
+// ErrConsistencyTokenAhead is the cause (errors.Is) of the bad_request
+// *[Error] a [ReadRouter] returns for a consistency token beyond the
+// primary's current WAL position: no write of this database answered it (a
+// token is the position right after a commit, and the position only
+// grows), so no replica would replay past it before the primary has
+// written that much WAL. A write lost in a failover of asynchronous
+// replication, or undone by a restore, leaves such tokens too.
+var ErrConsistencyTokenAhead = errors.New("kumiko: consistency token ahead of the primary's WAL position")
 
 // ValidConsistencyToken reports whether s has the form of a consistency
 // token: a PostgreSQL WAL position "X/Y" with 1 to 8 hex digits on each side.
@@ -247,6 +260,12 @@ func (rt *Runtime) cachedQuery(ctx context.Context, call Call, d *queryDef, in a
 		stamp = ""
 	}
 	out, err := rt.query(ctx, call, d, in, stamp)
+	if stamp != "" && errors.Is(err, ErrConsistencyTokenAhead) {
+		// The invalidation's stamp is ahead of the primary (a failover
+		// lost the WAL it was read at, or the database was restored): no
+		// client's error, and the primary's state is the newest there is.
+		out, err = rt.queryPrimary(ctx, call, d, in)
+	}
 	if err != nil || lookupErr != nil {
 		return out, err
 	}

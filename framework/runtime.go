@@ -314,7 +314,8 @@ func (rt *Runtime) batchErr(n, i int, err error) error {
 // ConsistencyToken skips the cache and reads at or after the token's write,
 // and so does a call of [SystemTenantID] (invalidations name the tenant of
 // the event, never the system tenant).
-// A malformed token is a bad_request *[Error].
+// A malformed token is a bad_request *[Error], and so is one the router
+// finds ahead of the primary ([ErrConsistencyTokenAhead]).
 func (rt *Runtime) Query(ctx context.Context, call Call, cmd Command) (any, error) {
 	d := rt.reg.queries[cmd.Type]
 	if d == nil {
@@ -377,6 +378,16 @@ func (rt *Runtime) query(ctx context.Context, call Call, d *queryDef, in any, to
 			return nil, err
 		}
 		return nil, &Error{Code: CodeUnavailable, Message: "database unavailable", Err: ferr}
+	}
+	defer conn.Release()
+	return rt.queryOn(ctx, conn, call, d, in)
+}
+
+// queryPrimary runs d with the decoded input in on the primary.
+func (rt *Runtime) queryPrimary(ctx context.Context, call Call, d *queryDef, in any) (any, error) {
+	conn, err := rt.pool.Acquire(ctx)
+	if err != nil {
+		return nil, &Error{Code: CodeUnavailable, Message: "database unavailable", Err: err}
 	}
 	defer conn.Release()
 	return rt.queryOn(ctx, conn, call, d, in)

@@ -21,6 +21,16 @@
 // as caught up: a primary, a standby promoted by a failover, a primary
 // after crash recovery.
 //
+// A token the replica has not replayed at the first check is compared with
+// the primary's WAL insert position (one round trip, skipped for a token
+// at or below a position the primary was seen at before). A token ahead of
+// it was answered by no write of this database: the query is refused with
+// a bad_request [framework.Error] whose cause is
+// [framework.ErrConsistencyTokenAhead], instead of waiting the whole bound
+// for a replay that cannot come (a made-up token such as
+// FFFFFFFF/FFFFFFFF would otherwise hold a query, and the replica
+// connection it checks on, for every request that sends it).
+//
 // # Replica down
 //
 // When the replica cannot be reached or fails a check, the query runs on

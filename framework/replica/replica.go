@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -55,8 +57,11 @@ type Router struct {
 	poll      time.Duration
 	cooldown  time.Duration
 	downUntil atomic.Int64 // unix nanos until which the replica is skipped
-	log       *slog.Logger
-	fallbacks *prometheus.CounterVec
+	// primaryLSN is the highest WAL insert position the primary was seen
+	// at: a token at or below it came from a write of this database.
+	primaryLSN atomic.Uint64
+	log        *slog.Logger
+	fallbacks  *prometheus.CounterVec
 }
 
 // Fallback reasons, the values of the reason label.
@@ -176,6 +181,7 @@ func (r *Router) AcquireReadConn(ctx context.Context, token string) (*pgxpool.Co
 		return conn, true, nil
 	}
 	pause := r.poll
+	checkedPrimary := false
 	for {
 		var ok bool
 		if err := conn.QueryRow(actx, caughtUpSQL, token).Scan(&ok); err != nil {
@@ -187,6 +193,16 @@ func (r *Router) AcquireReadConn(ctx context.Context, token string) (*pgxpool.Co
 		}
 		if ok {
 			return conn, true, nil
+		}
+		if !checkedPrimary {
+			// The slow path only: a token the replica has not replayed yet
+			// must be one the primary has written, or it is made up, and
+			// waiting for it would hold a replica connection for nothing.
+			checkedPrimary = true
+			if r.aheadOfPrimary(actx, token) {
+				conn.Release()
+				return nil, false, errTokenAhead()
+			}
 		}
 		if time.Until(deadline) < pause {
 			conn.Release()
@@ -202,6 +218,60 @@ func (r *Router) AcquireReadConn(ctx context.Context, token string) (*pgxpool.Co
 		}
 		pause = min(pause*2, 8*r.poll)
 	}
+}
+
+// errTokenAhead refuses a token beyond the primary's WAL position.
+func errTokenAhead() error {
+	return &framework.Error{
+		Code: framework.CodeBadRequest,
+		Message: "consistency token is ahead of the database: it was not answered by a write of this database " +
+			"(or that write was lost in a failover); send back the token of a write response unchanged, or none",
+		Err: framework.ErrConsistencyTokenAhead,
+	}
+}
+
+// primaryWALSQL reads the primary's WAL insert position, the position a
+// write's token is taken at.
+const primaryWALSQL = `SELECT pg_current_wal_insert_lsn()::text`
+
+// aheadOfPrimary reports whether token is beyond the primary's current WAL
+// insert position. A token at or below a position seen before needs no
+// round trip; when the primary cannot be asked, the token is taken as
+// written (the query waits and falls back as before).
+func (r *Router) aheadOfPrimary(ctx context.Context, token string) bool {
+	t, ok := parseLSN(token)
+	if !ok || t <= r.primaryLSN.Load() {
+		return false
+	}
+	var pos string
+	if err := r.primary.QueryRow(ctx, primaryWALSQL).Scan(&pos); err != nil {
+		return false
+	}
+	p, ok := parseLSN(pos)
+	if !ok {
+		return false
+	}
+	for {
+		seen := r.primaryLSN.Load()
+		if p <= seen || r.primaryLSN.CompareAndSwap(seen, p) {
+			break
+		}
+	}
+	return t > p
+}
+
+// parseLSN reads a WAL position "X/Y" as a 64-bit number.
+func parseLSN(s string) (uint64, bool) {
+	hi, lo, ok := strings.Cut(s, "/")
+	h, err := strconv.ParseUint(hi, 16, 32)
+	if !ok || err != nil {
+		return 0, false
+	}
+	l, err := strconv.ParseUint(lo, 16, 32)
+	if err != nil {
+		return 0, false
+	}
+	return h<<32 | l, true
 }
 
 // fallbackRead is fallback for AcquireReadConn: no replica connection.
