@@ -14,7 +14,10 @@
 // it back takes a replica connection and checks, on that connection, that
 // the replica has replayed past the token (pg_last_wal_replay_lsn() >=
 // token). While it has not, it polls, for at most [Config.WaitTimeout]
-// (default 500 ms); then the query runs on the primary instead and
+// (default 500 ms), giving the connection back between two checks so
+// that other queries use it meanwhile (each check takes one again, and the
+// query runs on the connection whose check passed); then the query runs on
+// the primary instead and
 // kumiko_replica_fallbacks_total counts it. The check runs on the
 // connection the query then uses, so a read URL that balances over several
 // replicas is still correct. A read server that is not in recovery counts

@@ -215,3 +215,71 @@ func TestCacheStampAheadOfThePrimary(t *testing.T) {
 	require.Contains(t, string(body), `"customer":"Ada"`, "the primary has the order")
 	require.Less(t, time.Since(start), time.Second, "without waiting for the replica")
 }
+
+// TestWaitingTokenQueryHoldsNoReplicaConnection: a query whose token the
+// lagging replica has not replayed yet waits for it, but not on a replica
+// connection: it used to hold one for the whole wait, so while the
+// replica lagged, every query with a token kept a connection of the read
+// pool busy for up to WaitTimeout and the queries without one waited
+// behind them. Between its checks it holds none; it is still served by the
+// replica, checked on the connection it runs on, once that replayed past
+// the token.
+func TestWaitingTokenQueryHoldsNoReplicaConnection(t *testing.T) {
+	t.Parallel()
+	c := newCluster(t)
+	a := newReplicaAPI(t, c, 1, &replica.Config{WaitTimeout: 20 * time.Second}, nil)
+	ctx := t.Context()
+	id, token := a.place("Ada")
+	require.Eventually(t, func() bool {
+		status, body, err := a.probe(ctx, id, token)
+		return err == nil && status == http.StatusOK && strings.Contains(string(body), `"inRecovery":true`)
+	}, 10*time.Second, 10*time.Millisecond)
+
+	_, err := a.standby.Exec(ctx, `SELECT pg_wal_replay_pause()`)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		var state string
+		return a.standby.QueryRow(ctx, `SELECT pg_get_wal_replay_pause_state()`).Scan(&state) == nil && state == "paused"
+	}, 10*time.Second, 10*time.Millisecond)
+	id2, token2 := a.place("Grace")
+
+	type answer struct {
+		status int
+		body   []byte
+		err    error
+	}
+	waiting := make(chan answer, 1)
+	baseline := a.standby.Stat().AcquireCount()
+	go func() {
+		status, body, err := a.probe(ctx, id2, token2)
+		waiting <- answer{status, body, err}
+	}()
+	require.Eventually(t, func() bool { return a.standby.Stat().AcquireCount() > baseline }, 10*time.Second, time.Millisecond,
+		"the token query checks the replica")
+
+	// The only replica connection is free for a query without a token.
+	qctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	start := time.Now()
+	status, body, err := a.probe(qctx, id, "")
+	took := time.Since(start)
+	require.NoError(t, err, "a query without a token is not held up by the waiting one")
+	require.Equal(t, http.StatusOK, status, "%s", body)
+	require.Contains(t, string(body), `"inRecovery":true`, "on the replica: %s", body)
+	t.Logf("query without a token beside a waiting token query, replica pool of 1: %v", took)
+	select {
+	case ans := <-waiting:
+		t.Fatalf("the token query did not wait for the paused replica: %d %s %v", ans.status, ans.body, ans.err)
+	default:
+	}
+
+	_, _ = a.place("Later") // moves WAL past the token
+	admin := openPool(t, c.standby.URL("kumiko"))
+	_, err = admin.Exec(ctx, `SELECT pg_wal_replay_resume()`)
+	require.NoError(t, err)
+	ans := <-waiting
+	require.NoError(t, ans.err)
+	require.Equal(t, http.StatusOK, ans.status, "%s", ans.body)
+	require.Contains(t, string(ans.body), `"found":true,"inRecovery":true`, "served by the replica once it replayed past the token")
+	require.Zero(t, a.router.Fallbacks(replica.ReasonLag))
+}

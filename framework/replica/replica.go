@@ -166,16 +166,7 @@ func (r *Router) AcquireReadConn(ctx context.Context, token string) (*pgxpool.Co
 	}
 	conn, err := r.replica.Acquire(actx)
 	if err != nil {
-		if ctx.Err() != nil {
-			return nil, false, err
-		}
-		if st := r.replica.Stat(); st.AcquiredConns() >= st.MaxConns() {
-			// Every replica connection is in use by other queries: the
-			// replica is busy, not failed. This query goes to the primary,
-			// the others keep the replica (no cooldown).
-			return r.fallbackRead(ctx, ReasonLag, nil)
-		}
-		return r.fallbackRead(ctx, ReasonError, err)
+		return r.acquireFailed(ctx, err)
 	}
 	if token == "" {
 		return conn, true, nil
@@ -194,30 +185,51 @@ func (r *Router) AcquireReadConn(ctx context.Context, token string) (*pgxpool.Co
 		if ok {
 			return conn, true, nil
 		}
+		// The query waits without the connection: while the replica lags,
+		// the queries without a token (and the other waiters' checks) use
+		// it meanwhile. The next check takes one again and, once it
+		// passes, the query runs on the connection it checked.
+		conn.Release()
 		if !checkedPrimary {
 			// The slow path only: a token the replica has not replayed yet
-			// must be one the primary has written, or it is made up, and
-			// waiting for it would hold a replica connection for nothing.
+			// must be one the primary has written, or it is made up and
+			// would be waited for in vain.
 			checkedPrimary = true
 			if r.aheadOfPrimary(actx, token) {
-				conn.Release()
 				return nil, false, errTokenAhead()
 			}
 		}
 		if time.Until(deadline) < pause {
-			conn.Release()
 			return r.fallbackRead(ctx, ReasonLag, nil)
 		}
 		t := time.NewTimer(pause)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			conn.Release()
 			return nil, false, ctx.Err()
 		case <-t.C:
 		}
 		pause = min(pause*2, 8*r.poll)
+		if conn, err = r.replica.Acquire(actx); err != nil {
+			return r.acquireFailed(ctx, err)
+		}
 	}
+}
+
+// acquireFailed answers a replica Acquire that failed with err: the
+// caller's context ended, every replica connection stayed in use (a lag
+// fallback: the replica is busy, not failed), or the replica failed.
+func (r *Router) acquireFailed(ctx context.Context, err error) (*pgxpool.Conn, bool, error) {
+	if ctx.Err() != nil {
+		return nil, false, err
+	}
+	if st := r.replica.Stat(); st.AcquiredConns() >= st.MaxConns() {
+		// Every replica connection is in use by other queries: the
+		// replica is busy, not failed. This query goes to the primary,
+		// the others keep the replica (no cooldown).
+		return r.fallbackRead(ctx, ReasonLag, nil)
+	}
+	return r.fallbackRead(ctx, ReasonError, err)
 }
 
 // errTokenAhead refuses a token beyond the primary's WAL position.
