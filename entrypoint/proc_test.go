@@ -230,6 +230,12 @@ func openStream(t *testing.T, base, tenant, query, lastID string) (*stream, erro
 	go func() {
 		defer close(s.done)
 		rd := sse.NewReader(resp.Body)
+		if ev, err := rd.Next(); err != nil || ev.Type != sse.OpenEvent {
+			s.mu.Lock()
+			s.err = fmt.Errorf("no opening frame: %s, %w", ev.Type, err)
+			s.mu.Unlock()
+			return
+		}
 		for {
 			ev, err := rd.Next()
 			s.mu.Lock()

@@ -53,6 +53,9 @@ func TestSSEBufferCoversTheDispatcherBatch(t *testing.T) {
 	})
 	require.NoError(t, err)
 	rd := sse.NewReader(resp.Body)
+	open, err := rd.Next()
+	require.NoError(t, err)
+	require.Equal(t, sse.OpenEvent, open.Type)
 	for i := range n {
 		ev, err := rd.Next()
 		require.NoError(t, err, "the stream ended after %d of %d events", i, n)

@@ -17,9 +17,11 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kumiko-go/kumiko/framework"
 	"github.com/kumiko-go/kumiko/framework/jobs/jobstest"
 	"github.com/kumiko-go/kumiko/framework/kumikotest"
 	"github.com/kumiko-go/kumiko/framework/sse"
+	"github.com/kumiko-go/kumiko/framework/web"
 )
 
 // TestSSEFrameContract reads the stream of a real process byte by byte:
@@ -50,6 +52,12 @@ func TestSSEFrameContract(t *testing.T) {
 		return s
 	}
 	require.Equal(t, "retry: 2000\n", line())
+	require.Equal(t, "\n", line())
+	// The opening frame: no id, the consistency token the client loads
+	// its state with (also in the response header).
+	require.Equal(t, "event: "+sse.OpenEvent+"\n", line())
+	require.Equal(t, `data: {"consistencyToken":"`+resp.Header.Get(web.HeaderConsistencyToken)+`"}`+"\n", line())
+	require.True(t, framework.ValidConsistencyToken(resp.Header.Get(web.HeaderConsistencyToken)))
 	require.Equal(t, "\n", line())
 
 	code, body, err := post(ctx, t, p.url+"/api/write", "acme",

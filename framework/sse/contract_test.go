@@ -51,6 +51,7 @@ func TestDroppedClientCatchesUp(t *testing.T) {
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	rd := sse.NewReader(resp.Body)
+	requireOpen(t, rd)
 	b.note(t, "acme", "memo", -1, "first")
 	first, err := rd.Next()
 	require.NoError(t, err)

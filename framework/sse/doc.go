@@ -17,12 +17,26 @@
 // or replayed, and a filter naming one is answered 400 as well; neither are
 // events of types the registry does not declare (removed from the code).
 //
-// The response starts with a `retry:` hint and then carries one frame per
-// event:
+// The response starts with a `retry:` hint and the opening frame, and then
+// carries one frame per event:
+//
+//	event: kumiko:open
+//	data: {"consistencyToken":"1/6D4ED0B8"}
 //
 //	id: 7412-1093
 //	event: orders:event:placed
 //	data: {"id":"7412-1093","position":1093,"type":"orders:event:placed","stream":{"type":"order","id":"0193..."},"version":1,"payload":{...},"correlationId":"...","createdAt":"..."}
+//
+// The opening frame ([OpenEvent], data [Open]) comes first on every stream,
+// fresh or resumed. Its consistency token (also in the
+// X-Kumiko-Consistency-Token response header) is a WAL position of the
+// primary at or past the commit of every event the stream will not send:
+// a client that opened the stream without an id loads its state with it
+// (POST /api/query with consistencyToken), so that a read replica that has
+// not replayed those events yet is waited for, or the primary answers,
+// instead of the client missing them (not loaded, and not sent live). It has
+// no id, so it moves no resume point, and its event name is never an event
+// type, so an EventSource that listens for event types never sees it.
 //
 // The id is an opaque cursor (the event's commit key and position, the same
 // cursor the dispatcher keeps). A comment line (": heartbeat") every 15 s

@@ -76,6 +76,7 @@ func TestReplayEndsWhenTokenExpires(t *testing.T) {
 	defer resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	rd := sse.NewReader(resp.Body)
+	requireOpen(t, rd)
 	var got int
 	for {
 		if _, err = rd.Next(); err != nil {

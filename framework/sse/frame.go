@@ -57,6 +57,30 @@ func encodeFrame(env framework.Envelope, payload json.RawMessage) []byte {
 	return b.Bytes()
 }
 
+// OpenEvent is the event name of the frame every stream opens with, before
+// any event frame. It can never be an event type (those are
+// <feature>:event:<name>); an EventSource listening for event types
+// ignores it. Its data is an [Open]; it has no id, so it moves no client's
+// resume point.
+const OpenEvent = "kumiko:open"
+
+// Open is the JSON of the opening frame's data.
+type Open struct {
+	// ConsistencyToken is a WAL position of the primary at or past the
+	// commit of every event the stream will not send (the events up to
+	// where it starts, or up to the Last-Event-ID it resumes from): a
+	// query that sends it back, as a write's token, sees all of them even
+	// on a replica that lags. A client that opened the stream without an
+	// id loads its state with it.
+	ConsistencyToken string `json:"consistencyToken"`
+}
+
+// encodeOpen renders the opening frame.
+func encodeOpen(token string) []byte {
+	data, _ := json.Marshal(Open{ConsistencyToken: token})
+	return []byte("event: " + OpenEvent + "\ndata: " + string(data) + "\n\n")
+}
+
 // Filter narrows a stream to some event types and stream (aggregate) types.
 // An empty list matches everything.
 type Filter struct {

@@ -41,10 +41,11 @@ func (h *Hub) Mount(s *web.Server) {
 // ([web.PrincipalFrom]); the tenant comes from the token only. It answers
 // 400 for a bad filter, a malformed or foreign Last-Event-ID, or a
 // lastEventId parameter given empty (without the header), 503 while the
-// hub is not primed or after Close, and otherwise streams until the client
-// goes away, the hub drops it, the hub closes, or the token expires
-// ([web.TokenExpiry]: the stream ends normally and the client reconnects,
-// with a fresh token or to a 401).
+// hub is not primed, after Close, or when the database does not answer the
+// opening frame's token (see [Open]), and otherwise streams, opening with
+// the [OpenEvent] frame, until the client goes away, the hub drops it, the
+// hub closes, or the token expires ([web.TokenExpiry]: the stream ends
+// normally and the client reconnects, with a fresh token or to a 401).
 func (h *Hub) Serve(c echo.Context) error {
 	p, ok := web.PrincipalFrom(c)
 	if !ok || p.TenantID == "" {
@@ -100,6 +101,17 @@ func (h *Hub) Serve(c echo.Context) error {
 		return &framework.Error{Code: framework.CodeUnavailable, Message: "the event stream is shutting down", Err: err}
 	}
 	defer h.unsubscribe(sub)
+	upTo := sub.from
+	if upTo.Less(after) {
+		upTo = after
+	}
+	token, err := h.openToken(ctx, upTo)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return &framework.Error{Code: framework.CodeUnavailable, Message: "database unavailable", Err: err}
+	}
 
 	hd := w.Header()
 	hd.Set(echo.HeaderContentType, "text/event-stream; charset=utf-8")
@@ -107,10 +119,11 @@ func (h *Hub) Serve(c echo.Context) error {
 	hd.Set("X-Accel-Buffering", "no") // nginx: do not buffer the stream
 	// The connection's write deadline is ours now: never reuse it.
 	hd.Set(echo.HeaderConnection, "close")
+	hd.Set(web.HeaderConsistencyToken, token)
 	w.WriteHeader(http.StatusOK)
 	st := &stream{h: h, sub: sub, w: w, rc: rc, last: after}
 	st.expires, _ = web.TokenExpiry(c)
-	st.run(ctx, c, p.TenantID, filter, resume)
+	st.run(ctx, c, p.TenantID, filter, resume, token)
 	select {
 	case <-sub.gone: // dropped: the deadline already cuts the connection
 	default:
@@ -120,12 +133,13 @@ func (h *Hub) Serve(c echo.Context) error {
 	return nil
 }
 
-// run writes the stream (the retry hint, the replay when resuming, then
-// live frames) until the client goes away, the hub drops it, the hub
-// closes, or replay fails; the response has started, so whatever ends it,
-// the handler just ends the response and the client resumes.
-func (s *stream) run(ctx context.Context, c echo.Context, tenant string, f Filter, resume bool) {
-	if err := s.write([]byte("retry: " + strconv.FormatInt(s.h.cfg.Retry.Milliseconds(), 10) + "\n\n")); err != nil {
+// run writes the stream (the retry hint and the opening frame with token,
+// the replay when resuming, then live frames) until the client goes away,
+// the hub drops it, the hub closes, or replay fails; the response has
+// started, so whatever ends it, the handler just ends the response and the
+// client resumes.
+func (s *stream) run(ctx context.Context, c echo.Context, tenant string, f Filter, resume bool, token string) {
+	if err := s.write([]byte("retry: "+strconv.FormatInt(s.h.cfg.Retry.Milliseconds(), 10)+"\n\n"), encodeOpen(token)); err != nil {
 		return
 	}
 	if resume {

@@ -3,6 +3,7 @@ package sse_test
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -157,8 +158,34 @@ type client struct {
 	done   chan struct{}
 
 	mu     sync.Mutex
+	open   sse.Open // the opening frame's data
 	events []sse.Event
 	err    error
+}
+
+// readOpen reads a stream's first frame, which must be the opening frame
+// (sse.OpenEvent, no id, a valid consistency token), and returns its data.
+func readOpen(rd *sse.Reader) (sse.Open, error) {
+	ev, err := rd.Next()
+	if err != nil {
+		return sse.Open{}, err
+	}
+	var o sse.Open
+	if ev.Type != sse.OpenEvent || ev.ID != "" {
+		return o, fmt.Errorf("the stream's first frame is %s (id %q), not the opening frame", ev.Type, ev.ID)
+	}
+	if err := json.Unmarshal(ev.Data, &o); err != nil || !framework.ValidConsistencyToken(o.ConsistencyToken) {
+		return o, fmt.Errorf("opening frame %s: no consistency token", ev.Data)
+	}
+	return o, nil
+}
+
+// requireOpen is readOpen for the test's goroutine.
+func requireOpen(t *testing.T, rd *sse.Reader) sse.Open {
+	t.Helper()
+	o, err := readOpen(rd)
+	require.NoError(t, err)
+	return o
 }
 
 // request describes a stream request.
@@ -208,6 +235,13 @@ func (b *bundle) connect(t *testing.T, r request) *client {
 	go func() {
 		defer close(c.done)
 		rd := sse.NewReader(resp.Body)
+		open, err := readOpen(rd)
+		c.mu.Lock()
+		c.open, c.err = open, err
+		c.mu.Unlock()
+		if err != nil {
+			return
+		}
 		for {
 			ev, err := rd.Next()
 			c.mu.Lock()

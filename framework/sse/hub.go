@@ -93,6 +93,14 @@ type Hub struct {
 	work       chan struct{}
 	fanDone    chan struct{}
 
+	// openTok caches the last consistency token a stream opened with
+	// (see openToken); openSem (capacity 1) serialises its reads.
+	openTok struct {
+		covers eventstore.Cursor
+		token  string
+	}
+	openSem chan struct{}
+
 	ready     chan struct{}
 	readyOnce sync.Once
 	done      chan struct{}
@@ -103,8 +111,9 @@ type Hub struct {
 	sent    prometheus.Counter
 }
 
-// New returns a hub that replays from pool (the primary: a replica may lag
-// behind what the hub has delivered, which would leave a gap) and checks
+// New returns a hub that replays from pool and reads its streams' opening
+// tokens there (the primary: a replica may lag behind what the hub has
+// delivered, which would leave a gap, and has no WAL insert position) and checks
 // event-type filters against reg. It fails only when the metrics cannot be
 // registered.
 func New(pool *pgxpool.Pool, reg *framework.Registry, cfg *Config) (*Hub, error) {
@@ -130,6 +139,7 @@ func New(pool *pgxpool.Pool, reg *framework.Registry, cfg *Config) (*Hub, error)
 		// At least one: Publish must be able to hand over an event.
 		maxPending: max(c.Buffer/2, 1),
 		work:       make(chan struct{}, 1),
+		openSem:    make(chan struct{}, 1),
 		fanDone:    make(chan struct{}),
 		ready:      make(chan struct{}),
 		done:       make(chan struct{}),
@@ -236,6 +246,42 @@ func (h *Hub) Position() eventstore.Cursor {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.last
+}
+
+// walPositionSQL reads the primary's current WAL insert position, the form
+// of a consistency token.
+const walPositionSQL = `SELECT pg_current_wal_insert_lsn()::text`
+
+// openToken returns the consistency token of a stream that will not send
+// the events at or before upTo (where it subscribed to the hub, or the id
+// it resumes from when that is later): a WAL position of the primary at or
+// past the commit of every such event, so a query that sends it back sees
+// all of them (the replica waits for it, or the primary answers). Each of
+// them has ended before the position is read: the hub receives only events
+// below the visibility horizon (Prime's position is that horizon), and a
+// resume id names an event some hub delivered, checked before. One read
+// serves every stream that subscribed before it: a burst of reconnecting
+// clients costs one query, not one each.
+func (h *Hub) openToken(ctx context.Context, upTo eventstore.Cursor) (string, error) {
+	select {
+	case h.openSem <- struct{}{}:
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
+	defer func() { <-h.openSem }()
+	if h.openTok.token != "" && !h.openTok.covers.Less(upTo) {
+		return h.openTok.token, nil
+	}
+	covers := h.Position()
+	if covers.Less(upTo) {
+		covers = upTo
+	}
+	var token string
+	if err := h.pool.QueryRow(ctx, walPositionSQL).Scan(&token); err != nil {
+		return "", fmt.Errorf("sse: read wal position: %w", err)
+	}
+	h.openTok.covers, h.openTok.token = covers, token
+	return token, nil
 }
 
 // isClosed reports whether Close was called.

@@ -122,6 +122,7 @@ func TestPruneDuringReplayEndsTheStream(t *testing.T) {
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	rd := sse.NewReader(resp.Body)
+	requireOpen(t, rd)
 	var got []string
 	for len(got) < len(log)-1 {
 		ev, err := rd.Next()

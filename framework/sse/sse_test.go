@@ -454,14 +454,16 @@ func TestCloseDuringReplay(t *testing.T) {
 		if err == nil {
 			defer resp.Body.Close()
 			r := sse.NewReader(resp.Body)
-			for {
-				var ev sse.Event
-				if ev, err = r.Next(); err != nil {
-					break
+			if _, err = readOpen(r); err == nil {
+				for {
+					var ev sse.Event
+					if ev, err = r.Next(); err != nil {
+						break
+					}
+					mu.Lock()
+					got = append(got, ev.ID)
+					mu.Unlock()
 				}
-				mu.Lock()
-				got = append(got, ev.ID)
-				mu.Unlock()
 			}
 		}
 		mu.Lock()

@@ -60,6 +60,7 @@ func TestSteadyReaderNotDropped(t *testing.T) {
 	// Not resp.Body.Close: it would read the endless stream to its end;
 	// closing conn ends it.
 	r := sse.NewReader(resp.Body)
+	requireOpen(t, r)
 	var got []string
 	start := time.Now()
 	for len(got) < n-1 {
