@@ -246,6 +246,12 @@ func New(ctx context.Context, opts Options) (_ *App, err error) {
 		a.hub.Mount(a.web)
 		admin.Mount(a.web.Echo(), a.web.Authenticate, a.pool)                                 // consumer ops API + /admin page (framework/admin)
 		admin.MountMaintenance(a.web.Echo(), a.web.Authenticate, a.pool, a.reg, a.migrations) // migrate, prunes, rebuild
+		if a.jobs != nil {
+			// Here, not in Serve: routes added to a handler that may be
+			// serving race with it, and echo sizes its pooled request
+			// contexts for the route parameters known when they are made.
+			a.mountJobsAdmin(a.web) // entrypoint/jobs.go
+		}
 		if a.mode == config.ModeAllInOne && cfg.Dev {
 			a.mountDevToken(a.web.Echo(), ring)
 		}

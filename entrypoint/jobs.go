@@ -2,9 +2,10 @@ package entrypoint
 
 // The jobs part of a process (framework/jobs): boot validation, the asynq
 // lanes each mode consumes, the job-trigger consumer, the cron scheduler
-// and the admin API for archived runs. app.go calls in at three marked
+// and the admin API for archived runs. app.go calls in at four marked
 // places: validateJobs after the registry is built, setupJobs where the
-// dispatcher's consumers are chosen, runJobs when the process starts.
+// dispatcher's consumers are chosen, mountJobsAdmin where the API's routes
+// are added, runJobs when the process starts.
 //
 //	mode        lanes consumed                 scheduler  job-trigger consumer
 //	api         api, only with RunLocalJobs    no         no (enqueues via the log)
@@ -110,15 +111,12 @@ func (a *App) setupJobs(consumers []dispatcher.Consumer) ([]dispatcher.Consumer,
 	return consumers, nil
 }
 
-// runJobs mounts the jobs admin API (api and all-in-one) and starts the
-// runner on ctx as a goroutine of wg; a runner that cannot start reports on
-// errc (without blocking), which stops the process.
+// runJobs starts the runner on ctx as a goroutine of wg; a runner that
+// cannot start reports on errc (without blocking), which stops the process.
+// New mounted the jobs admin API (api and all-in-one).
 func (a *App) runJobs(ctx context.Context, wg *sync.WaitGroup, errc chan<- error) {
 	if a.jobs == nil {
 		return
-	}
-	if a.web != nil {
-		a.mountJobsAdmin(a.web)
 	}
 	wg.Go(func() {
 		if !a.migrated.wait(ctx) {

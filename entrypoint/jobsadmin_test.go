@@ -2,8 +2,10 @@ package entrypoint_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -96,4 +98,29 @@ func TestJobsAdminBadInput(t *testing.T) {
 		code, _ := jobsCall(t, "POST", base+"/api/admin/jobs/ap%2F/no-such-run/retry", admin, nil)
 		require.Equal(t, http.StatusBadRequest, code, "an escaped lane that is no lane")
 	})
+}
+
+// TestJobsAdminRoutesExistBeforeServe: App.Web's handler has the jobs admin
+// routes from New on. They were added by Serve, to a handler that may be
+// serving already (a data race), and echo sizes each pooled request context
+// for the route parameters known when it was made, so a context made before
+// the two-parameter retry route panicked when routed to it (500).
+func TestJobsAdminRoutesExistBeforeServe(t *testing.T) {
+	t.Parallel()
+	db := kumikotest.NewDB(t)
+	rds := jobstest.StartRedis(t)
+	var healthy atomic.Bool
+	app, err := entrypoint.New(context.Background(), entrypoint.Options{
+		Config: jobsConfig(t, "all-in-one", db.URL, rds.URL), Register: jobsTestFeature(&healthy), InstanceID: "jobs-admin-before-serve",
+	})
+	require.NoError(t, err)
+	defer app.Close(context.Background())
+	srv := httptest.NewServer(app.Web().Handler())
+	defer srv.Close()
+	admin := jobsToken(t, keyring(t), "acme", "admin")
+	code, res := jobsCall(t, "GET", srv.URL+"/api/admin/jobs?state=archived", admin, nil)
+	require.Equal(t, http.StatusOK, code, "%v", res)
+	code, res = jobsCall(t, "POST", srv.URL+"/api/admin/jobs/worker/no-such-run/retry", admin, nil)
+	require.Equal(t, http.StatusNotFound, code, "%v", res)
+	require.NotContains(t, fmt.Sprint(res), "no route", "the retry route exists")
 }
