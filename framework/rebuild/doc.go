@@ -49,8 +49,8 @@
 // just before it commits, through the dispatcher's Consumer.BeforeCommit.)
 //
 // The new table copies the live table's columns, defaults, constraints,
-// indexes and comments (LIKE ... INCLUDING ALL) and Kumiko's tenancy
-// policies; the sequences of serial columns stay the live table's, shared
+// indexes and comments (LIKE ... INCLUDING ALL), Kumiko's tenancy
+// policies and the tenant role's grants on the table and its columns; the sequences of serial columns stay the live table's, shared
 // by the new table's defaults, and pass to it at the swap (the numbering
 // goes on). It does not copy triggers, other policies, grants to other
 // roles, or foreign keys; views that depend on the live table make the swap

@@ -463,10 +463,37 @@ func (r *run) cleanup(ctx context.Context) (bool, error) {
 	return true, nil
 }
 
-// prepare creates the shadow schema and table and checks that the
-// projection's unqualified table name resolves to the shadow table, both
-// for the owner and for the tenant role.
+// tenantGrantsSQL lists the privileges the tenant role ($2) holds on the
+// table $1 (column "" for the table, else the column's name), as GRANT
+// lists: a table without kumiko_enable_tenancy may be the tenant role's to
+// use through plain grants, which LIKE does not copy.
+const tenantGrantsSQL = `SELECT '', string_agg(DISTINCT x.privilege_type, ', ')
+FROM pg_class c, aclexplode(c.relacl) x WHERE c.oid = $1::regclass AND x.grantee = $2::regrole
+HAVING count(*) > 0
+UNION ALL
+SELECT a.attname, string_agg(DISTINCT x.privilege_type, ', ')
+FROM pg_attribute a, aclexplode(a.attacl) x WHERE a.attrelid = $1::regclass AND x.grantee = $2::regrole
+  AND a.attnum > 0 AND NOT a.attisdropped
+GROUP BY a.attname`
+
+// prepare creates the shadow schema and table (with the tenant role's
+// grants of the live table) and checks that the projection's unqualified
+// table name resolves to the shadow table, both for the owner and for the
+// tenant role.
 func (r *run) prepare(ctx context.Context) error {
+	rows, err := r.conn.Query(ctx, tenantGrantsSQL, r.live, tenancy.Role)
+	if err != nil {
+		return fmt.Errorf("rebuild: read grants of %s: %w", r.live, err)
+	}
+	type grant struct{ column, privileges string }
+	grants, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (grant, error) {
+		var g grant
+		err := row.Scan(&g.column, &g.privileges)
+		return g, err
+	})
+	if err != nil {
+		return fmt.Errorf("rebuild: read grants of %s: %w", r.live, err)
+	}
 	b := &pgx.Batch{}
 	b.Queue(`BEGIN`)
 	b.Queue(`CREATE SCHEMA ` + pgx.Identifier{r.schema}.Sanitize())
@@ -474,6 +501,16 @@ func (r *run) prepare(ctx context.Context) error {
 	b.Queue(`CREATE TABLE ` + r.shadow + ` (LIKE ` + r.live + ` INCLUDING ALL)`)
 	if r.rls {
 		b.Queue(`SELECT kumiko_enable_tenancy($1::regclass)`, r.shadow)
+	}
+	for _, g := range grants {
+		// The privilege names come from aclexplode (SELECT, INSERT, ...);
+		// a column's are each followed by the column.
+		privileges := g.privileges
+		if g.column != "" {
+			col := " (" + pgx.Identifier{g.column}.Sanitize() + ")"
+			privileges = strings.ReplaceAll(privileges, ", ", col+", ") + col
+		}
+		b.Queue(`GRANT ` + privileges + ` ON ` + r.shadow + ` TO ` + tenancy.Role)
 	}
 	b.Queue(`COMMIT`)
 	if err := r.conn.SendBatch(ctx, b).Close(); err != nil {
