@@ -834,6 +834,15 @@ func (r *run) swapOnce(ctx context.Context, d *dispatcher.Dispatcher) (*Result, 
 	if st.status == "dead" {
 		return nil, r.failed(st)
 	}
+	// The consumer table before the live table: an events prune holds it
+	// in SHARE mode while it runs, and the swap must wait for that (up to
+	// the lock timeout) before it drops the live table, not while holding
+	// it, or every reader of the table waits too. (Not before the last
+	// catch-up: its passes' cursor updates would queue behind a prune
+	// waiting for this transaction.)
+	if _, err := tx.Exec(ctx, `LOCK TABLE event_consumers IN ROW EXCLUSIVE MODE`); err != nil {
+		return nil, fmt.Errorf("rebuild: swap: lock event_consumers: %w", err)
+	}
 	owned, err := ownedSequences(ctx, tx, r.live)
 	if err != nil {
 		return nil, err
