@@ -161,9 +161,9 @@ type Config struct {
 
 	// IdempotencyTTL is how long a finished idempotent write's outcome is
 	// kept for replay, read from KUMIKO_IDEMPOTENCY_TTL as a Go duration of
-	// at least 30s: the key of a request still running lives this long too,
-	// so it must outlast the 30 s lease of the request's claim. Defaults to
-	// 24h.
+	// at least 30s (the lease of a request's claim); the key of a request
+	// whose process died is kept this long after its lease ran out.
+	// Defaults to 24h.
 	IdempotencyTTL time.Duration
 
 	// ReplicaWait bounds how long a query carrying a consistency token waits

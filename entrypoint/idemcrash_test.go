@@ -3,6 +3,7 @@ package entrypoint_test
 import (
 	"context"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -192,4 +193,72 @@ func TestKeyedWriteOfAKilledProcessBlockedInTheDatabaseDoesNotCommitLater(t *tes
 	require.Equal(t, 1, count(placed), "the retry ran the write beside the killed process's (%d %s)", a.code, a.body)
 	require.Equal(t, http.StatusConflict, a.code, string(a.body))
 	require.Contains(t, string(a.body), "committed")
+}
+
+// TestKeyedWriteOfAKilledProcessIsRememberedPastItsLease: with the shortest
+// KUMIKO_IDEMPOTENCY_TTL (30 s, the claim's lease), an API process commits
+// a keyed write and is killed before its response reached the store. Its
+// key must outlive the lease that now runs out on its own: a retry after
+// the lease takes the key over and finds the committed write (409
+// committed), instead of finding no key at all and running the write again.
+func TestKeyedWriteOfAKilledProcessIsRememberedPastItsLease(t *testing.T) {
+	t.Parallel()
+	db := kumikotest.NewDB(t)
+	rds := redistest.Start(t)
+	rdb := rds.Client()
+	redisURL := "redis://" + rds.Addr() + "/0"
+	api1 := start(t, "api-1", procEnv("api", db.URL, redisURL, "api-1", "KUMIKO_IDEMPOTENCY_TTL", "30s"))
+	api2 := start(t, "api-2", procEnv("api", db.URL, redisURL, "api-2", "KUMIKO_IDEMPOTENCY_TTL", "30s"))
+	api1.waitReady(t)
+	api2.waitReady(t)
+	ctx := context.Background()
+
+	const key = "order-crash-0003"
+	redisKey := "kumiko:idem:acme:u-acme:" + key
+	body := map[string]any{"type": "orders:write:place", "payload": map[string]any{"customer": "Ada", "amountCents": 4200}}
+	countPlaced := func() int {
+		var n int
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM events WHERE type = 'orders:event:placed'`).Scan(&n))
+		return n
+	}
+
+	hold, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = hold.Rollback(ctx) }()
+	_, err = hold.Exec(ctx, `LOCK TABLE events IN SHARE MODE`)
+	require.NoError(t, err)
+	first := make(chan int, 1)
+	go func() {
+		rctx, cancel := context.WithTimeout(ctx, wait)
+		defer cancel()
+		code, _, _ := postKeyed(rctx, t, api1.url+"/api/write", "acme", key, body)
+		first <- code
+	}()
+	require.Eventually(t, func() bool {
+		st, err := rdb.HGet(ctx, redisKey, "state").Result()
+		return err == nil && st == "pending"
+	}, wait, 10*time.Millisecond, "api-1 claims the key")
+	require.NoError(t, rdb.Do(ctx, "CLIENT", "PAUSE", "60000", "WRITE").Err())
+	require.NoError(t, hold.Rollback(ctx))
+	require.Equal(t, http.StatusOK, <-first)
+	api1.kill()
+	require.NoError(t, rdb.Do(ctx, "CLIENT", "UNPAUSE").Err())
+	require.Equal(t, 1, countPlaced())
+
+	// The client retries until the dead owner's lease has run out (each
+	// retry waits up to 10 s, then answers 409 "in progress").
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		rctx, cancel := context.WithTimeout(ctx, wait)
+		code, retry, err := postKeyed(rctx, t, api2.url+"/api/write", "acme", key, body)
+		cancel()
+		require.NoError(t, err)
+		if code == http.StatusConflict && strings.Contains(string(retry), "in progress") && time.Now().Before(deadline) {
+			continue
+		}
+		require.Equal(t, 1, countPlaced(), "the retry after the lease ran the committed write again (%d %s)", code, retry)
+		require.Equal(t, http.StatusConflict, code, string(retry))
+		require.Contains(t, string(retry), `"committed":true`)
+		return
+	}
 }

@@ -53,8 +53,12 @@ var (
 type Config struct {
 	// Prefix starts every key. Defaults to "kumiko:idem".
 	Prefix string
-	// TTL is how long a key is kept after its claim, after each renewal
-	// of its lease and after its finish. Defaults to 24h.
+	// TTL is how long a key is kept after its finish, and after its lease
+	// ends (a pending key is kept for the lease plus TTL from its claim and
+	// from each renewal): the key of an owner that died is remembered for
+	// TTL after its lease ran out, so that a retry within it takes the key
+	// over and checks for the dead owner's writes instead of claiming the
+	// key afresh. Defaults to 24h.
 	TTL time.Duration
 	// Lease is how long a claim stays valid without renewal; the owner
 	// renews it every Lease/3, so it bounds how long a crashed owner blocks
@@ -153,6 +157,13 @@ func New(rdb redis.UniversalClient, cfg *Config) (*Store, error) {
 // TTL returns how long keys are kept.
 func (s *Store) TTL() time.Duration { return s.ttl }
 
+// pendingTTL is the expiry of a pending record, set at its claim and at
+// each renewal: TTL past the end of its lease. A record that expired with
+// its lease (a TTL as short as the lease) would let the retry of a dead
+// owner's request claim the key afresh, skipping the check for the writes
+// that owner committed, and run the write again.
+func (s *Store) pendingTTL() time.Duration { return s.lease + s.ttl }
+
 // Scope names one key of one caller.
 type Scope struct {
 	// TenantID is the caller's tenant.
@@ -208,7 +219,8 @@ type Response struct {
 	Body []byte
 }
 
-// claimScript: KEYS[1] record; ARGV owner, fingerprint, lease ms, ttl ms.
+// claimScript: KEYS[1] record; ARGV owner, fingerprint, lease ms, expiry ms
+// (of a pending record: [Store.pendingTTL]).
 // A claim run twice by its owner (go-redis retries a command whose answer
 // was late) answers the same both times: claimed, or reclaimed with the
 // previous owner (kept as 'prev'), so that a lost answer to a reclaim does
@@ -248,10 +260,10 @@ if lease <= now then
 end
 return {'pending', tostring(lease - now)}`)
 
-// renewScript: KEYS[1] record; ARGV owner, lease ms, ttl ms. The record's
+// renewScript: KEYS[1] record; ARGV owner, lease ms, expiry ms ([Store.pendingTTL]). The record's
 // expiry moves with its lease, as at the claim: an owner that runs longer
 // than the TTL keeps its key (else a duplicate would claim it afresh and
-// run again), and a record outlives its lease as long after a renewal as
+// run again), and a record outlives its lease by the TTL after a renewal as
 // after the claim, for the reclaim that checks the owner's writes.
 var renewScript = redisauto.NewScript(`
 local r = redis.call('HMGET', KEYS[1], 'state', 'owner')
@@ -320,7 +332,7 @@ func (s *Store) Begin(ctx context.Context, sc Scope, fp string) (*Claim, *Respon
 		sent := time.Now()
 		cctx, cancel := context.WithTimeout(ctx, s.call)
 		res, err := s.cmd.RunThen(cctx, claimScript, []string{key}, s.releaseLate(key, owner),
-			owner, fp, s.lease.Milliseconds(), s.ttl.Milliseconds()).Slice()
+			owner, fp, s.lease.Milliseconds(), s.pendingTTL().Milliseconds()).Slice()
 		cancel()
 		if ride != nil {
 			ride(err == nil)
@@ -526,7 +538,7 @@ func (c *Claim) renew() {
 	}
 	sent := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), c.s.lease/3)
-	ok, err := c.s.cmd.Run(ctx, renewScript, []string{c.key}, c.owner, c.s.lease.Milliseconds(), c.s.ttl.Milliseconds()).Int()
+	ok, err := c.s.cmd.Run(ctx, renewScript, []string{c.key}, c.owner, c.s.lease.Milliseconds(), c.s.pendingTTL().Milliseconds()).Int()
 	cancel()
 	c.mu.Lock()
 	defer c.mu.Unlock()

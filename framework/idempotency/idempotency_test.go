@@ -796,3 +796,21 @@ func TestFinishRunTwiceByItsOwner(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "once", string(replay.Body))
 }
+
+// The key of an owner that died outlives its lease by the TTL, also when
+// the TTL is no longer than the lease: the next request takes it over (and
+// learns the previous owner, so that it checks for that owner's writes)
+// instead of claiming it afresh.
+func TestDeadOwnersKeyOutlivesItsLease(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t, redistest.Shared(t), idempotency.Config{TTL: 300 * time.Millisecond, Lease: 300 * time.Millisecond})
+	ctx := t.Context()
+	dead, _, err := s.Begin(ctx, scope("dead-owner-ttl"), "fp")
+	require.NoError(t, err)
+	dead.Abandon()
+	time.Sleep(450 * time.Millisecond) // the lease ran out, the TTL after it did not
+	claim, _, err := s.Begin(ctx, scope("dead-owner-ttl"), "fp")
+	require.NoError(t, err)
+	require.Equal(t, dead.Owner(), claim.PreviousOwner(), "the retry takes the dead owner's key over")
+	require.NoError(t, claim.Finish(ctx, response("ok")))
+}
