@@ -1024,6 +1024,10 @@ const PassLost = "pass lost, retried without counting an attempt"
 // would lose its effect for good. A session the server ended because the
 // pass idled in its transaction for longer than
 // idle_in_transaction_session_timeout (25P03) is the handler's: it counts.
+// Whether the connection ended is asked of the connection, not read from
+// err: a handler's own error that looks like a lost connection (an
+// io.ErrUnexpectedEOF of a decoder, a net.Error of a service it called)
+// while the pass's connection is fine is the event's failure.
 func passLost(conn *pgx.Conn, err error) bool {
 	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
 		switch pgErr.Code {
@@ -1033,11 +1037,9 @@ func passLost(conn *pgx.Conn, err error) bool {
 			return false
 		}
 	}
-	if framework.DatabaseUnreachable(err) {
-		return true
-	}
-	// A handler's error that does not wrap the driver's: the connection
-	// tells, unless a deadline of the handler's own closed it.
+	// pgx closes the connection on every error that ends it (a network
+	// error, EOF, a FATAL of the server), unless a deadline of the
+	// handler's own closed it.
 	return conn.IsClosed() && !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled)
 }
 
