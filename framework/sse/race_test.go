@@ -58,10 +58,13 @@ func TestHubHammeredWhileClosing(t *testing.T) {
 					return
 				default:
 				}
-				// Short streams, and some long enough to be served on a busy machine.
+				// Short streams, and some long enough to be served on a busy
+				// machine: a stream's 200 waits for its opening token, a
+				// database read, which the publishers' moving position makes
+				// every opening stream ask for (one at a time).
 				life := time.Duration(5+(i+j)%20) * time.Millisecond
 				if i%3 == 0 {
-					life *= 20
+					life *= 100
 				}
 				ctx, cancel := context.WithTimeout(context.Background(), life)
 				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, b.url+sse.Path, nil)
