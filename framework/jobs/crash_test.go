@@ -44,6 +44,9 @@ func TestCrashWorkerProcess(t *testing.T) {
 	if os.Getenv(crashUniqueEnv) != "" {
 		register = registerStuckUnique
 	}
+	if os.Getenv(crashSlowBackoffEnv) != "" {
+		register = registerStuckSlowBackoff
+	}
 	register(reg.Feature("test"), func(ctx context.Context, jc *jobs.Context, in exportInput) error {
 		if err := insertRun(ctx, jc, jc.Job, in.Report, "killed worker"); err != nil {
 			return err
@@ -113,5 +116,56 @@ func TestKilledWorkersRunRunsAgain(t *testing.T) {
 		archived, err := r.Inspector().List(context.Background(), nil)
 		require.NoError(t, err)
 		t.Fatalf("the killed worker's run did not run again; archived: %+v", archived)
+	}
+}
+
+// crashSlowBackoffEnv makes TestCrashWorkerProcess declare test:job:stuck
+// with an hour's Backoff (see registerStuckSlowBackoff).
+const crashSlowBackoffEnv = "KUMIKO_JOBS_CRASH_SLOW_BACKOFF"
+
+// registerStuckSlowBackoff declares test:job:stuck with retries an hour
+// apart.
+func registerStuckSlowBackoff(f *framework.Feature, run func(ctx context.Context, jc *jobs.Context, in exportInput) error) {
+	jobs.Manual[exportInput](f, "stuck", &jobs.Options{MaxRetries: 3, Backoff: func(int) time.Duration { return time.Hour }}, run)
+}
+
+// TestKilledWorkersRunIsNotHeldByTheJobsBackoff: the README promises that a
+// run whose worker dies runs again on another worker one to two minutes
+// later, once its lease has run out. A dead worker is not a failure of the
+// run: the job's Backoff (here an hour) does not delay it.
+func TestKilledWorkersRunIsNotHeldByTheJobsBackoff(t *testing.T) {
+	t.Parallel()
+	ran := make(chan string, 4)
+	b := setup(t, func(b *bundle) {
+		registerStuckSlowBackoff(b.f, func(ctx context.Context, jc *jobs.Context, in exportInput) error {
+			ran <- in.Report
+			return insertRun(ctx, jc, jc.Job, in.Report, "second worker")
+		})
+	})
+	client, err := jobs.New(b.rt, b.rdb, &jobs.Config{Lanes: jobs.Lanes})
+	require.NoError(t, err)
+	_, err = client.Client().Dispatch(t.Context(), "test:job:stuck", exportInput{Report: "r1"}, &jobs.DispatchOptions{TenantID: "acme"})
+	require.NoError(t, err)
+
+	bin, err := os.Executable()
+	require.NoError(t, err)
+	worker := proctest.Start(t, bin, "worker", map[string]string{crashDBEnv: b.db.URL, crashRedisEnv: b.redis.URL, crashSlowBackoffEnv: "1"},
+		"-test.run=^TestCrashWorkerProcess$", "-test.count=1")
+	eventually(t, "the worker process to start the run", func() bool {
+		var n int
+		require.NoError(t, b.db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM runs WHERE info = 'killed worker'`).Scan(&n))
+		return n == 1
+	})
+	worker.Kill()
+	expireLeases(t, b.rdb)
+
+	r := b.runner(t, nil) // recovers lease-expired runs when it starts
+	select {
+	case report := <-ran:
+		require.Equal(t, "r1", report)
+	case <-time.After(30 * time.Second):
+		scheduled, err := b.rdb.Keys(context.Background(), "asynq:{*}:retry").Result()
+		require.NoError(t, err)
+		t.Fatalf("the killed worker's run did not run again within 30 s of its lease running out (retry sets %v, runner %p)", scheduled, r)
 	}
 }

@@ -298,7 +298,14 @@ func (r *Runner) listenTo(ctx context.Context, lane framework.RunIn, jobs []*Job
 
 // retryDelay is asynq's RetryDelayFunc: the job's Backoff for the
 // (n+1)-th failed run, stretched to a whole second (see wholeSecondDelay).
-func (r *Runner) retryDelay(n int, _ error, t *asynq.Task) time.Duration {
+// A run whose lease ran out (its worker died: SIGKILL, a lost node) did
+// not fail: it runs again at once, not after the job's Backoff, which may
+// be hours by then; its worker's death has already cost the minute or two
+// asynq takes to see the lease run out.
+func (r *Runner) retryDelay(n int, err error, t *asynq.Task) time.Duration {
+	if errors.Is(err, asynq.ErrLeaseExpired) {
+		return 0
+	}
 	backoff := DefaultBackoff
 	if j := r.set.Job(t.Type()); j != nil {
 		backoff = j.opts.Backoff
