@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kumiko-go/kumiko/framework"
@@ -23,22 +22,6 @@ const crashUniqueEnv = "KUMIKO_JOBS_CRASH_UNIQUE"
 // Unique window of an hour.
 func registerStuckUnique(f *framework.Feature, run func(ctx context.Context, jc *jobs.Context, in exportInput) error) {
 	jobs.Manual[exportInput](f, "stuck", &jobs.Options{MaxRetries: -1, Unique: time.Hour}, run)
-}
-
-// expireLeases does what a minute without a killed worker's heartbeats
-// does: the leases of its runs run out.
-func expireLeases(t *testing.T, rdb *redis.Client) {
-	t.Helper()
-	keys, err := rdb.Keys(t.Context(), "asynq:{*}:lease").Result()
-	require.NoError(t, err)
-	require.NotEmpty(t, keys, "the killed worker's run holds a lease")
-	for _, k := range keys {
-		ids, err := rdb.ZRange(t.Context(), k, 0, -1).Result()
-		require.NoError(t, err)
-		for _, id := range ids {
-			require.NoError(t, rdb.ZAdd(t.Context(), k, redis.Z{Score: float64(time.Now().Add(-2 * time.Minute).Unix()), Member: id}).Err())
-		}
-	}
 }
 
 // TestRunArchivedAfterItsWorkersDiedHoldsNoWindow: a run of a Unique job
@@ -78,7 +61,7 @@ func TestRunArchivedAfterItsWorkersDiedHoldsNoWindow(t *testing.T) {
 				return b.count(t, `SELECT count(*) FROM runs WHERE info = 'killed worker'`) == kills
 			})
 			worker.Kill()
-			expireLeases(t, b.rdb)
+			require.Positive(t, b.redis.ExpireLeases(t), "the killed worker's run holds a lease")
 		}
 		return id
 	}

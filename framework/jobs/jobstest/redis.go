@@ -4,7 +4,9 @@
 package jobstest
 
 import (
+	"context"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -45,4 +47,32 @@ func (r *Redis) Client(t testing.TB) *redis.Client {
 	c := redis.NewClient(opts)
 	t.Cleanup(func() { _ = c.Close() })
 	return c
+}
+
+// ExpireLeases does what a minute without a killed worker's heartbeats
+// does: the leases of the runs it held run out, so the next worker to start
+// (asynq recovers lease-expired runs then, and every minute) runs them
+// again. It returns how many runs' leases it moved into the past.
+func (r *Redis) ExpireLeases(t testing.TB) int {
+	t.Helper()
+	c := r.Client(t)
+	ctx := context.Background()
+	keys, err := c.Keys(ctx, "asynq:{*}:lease").Result()
+	if err != nil {
+		t.Fatalf("jobstest: lease keys: %v", err)
+	}
+	n := 0
+	for _, k := range keys {
+		ids, err := c.ZRange(ctx, k, 0, -1).Result()
+		if err != nil {
+			t.Fatalf("jobstest: leases of %s: %v", k, err)
+		}
+		for _, id := range ids {
+			if err := c.ZAdd(ctx, k, redis.Z{Score: float64(time.Now().Add(-2 * time.Minute).Unix()), Member: id}).Err(); err != nil {
+				t.Fatalf("jobstest: expire lease of %s: %v", id, err)
+			}
+			n++
+		}
+	}
+	return n
 }
