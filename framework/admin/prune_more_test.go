@@ -101,3 +101,23 @@ func TestMaintenancePruneHandledAndDeadLetters(t *testing.T) {
 	res = decode[pruneCountJSON](t, b.do(t, http.MethodPost, dead, tok, `{"olderThanDays": 30}`))
 	require.Zero(t, res.Deleted)
 }
+
+// TestMaintenancePruneHoldsForUnregisteredConsumer: a consumer the API
+// process's registry declares that has no state row yet (no process of
+// this release ran it) holds the prune back from the start of the log, and
+// the refusal says so (status unregistered).
+func TestMaintenancePruneHoldsForUnregisteredConsumer(t *testing.T) {
+	t.Parallel()
+	b := setupOps(t)
+	b.append(t, b.ping, "p", 3)
+	_, err := b.db.Pool.Exec(context.Background(), `UPDATE events SET created_at = now() - interval '40 days';
+		DELETE FROM event_consumers WHERE name = 'ops:pinger'`)
+	require.NoError(t, err)
+	tok := b.token(t, "admin")
+	e := b.do(t, http.MethodPost, "/api/admin/events/prune", tok, `{"olderThanDays": 30}`)
+	requireError(t, e, http.StatusConflict, "conflict")
+	require.Contains(t, e.Error.Message, "ops:pinger (not registered yet, starts at the start of the log): 3 unseen")
+	require.Equal(t, []any{map[string]any{"name": "ops:pinger", "instance": "__shared__", "status": "unregistered", "cursor": "0-0", "unseen": float64(3)}},
+		e.Error.Details["consumers"])
+	require.EqualValues(t, 3, b.int(t, `SELECT count(*) FROM events WHERE type = 'ops:event:ping'`))
+}

@@ -26,7 +26,14 @@
 //
 //  1. The dispatcher pre-registers every consumer's state row (cursor at
 //     the start of the log) before its first pass, so a consumer that has
-//     started but not yet run is visible to the guard.
+//     started but not yet run is visible to the guard. A shared consumer
+//     the registry passed to Prune declares (a projection or saga, the job
+//     trigger) that has no row yet (a new release's, before its first
+//     worker started) counts as registered at the start of the log, with
+//     the declared types ([StatusUnregistered]); a row of a declared
+//     consumer counts with the declared types besides its own. A registry
+//     of an older release does not know what a newer one adds: prune with
+//     the newest release's registry.
 //  2. The prune transaction holds LOCK TABLE event_consumers IN SHARE MODE
 //     from before its snapshot until it commits: no consumer row can be
 //     inserted or moved while the guard's answer is being acted on. The

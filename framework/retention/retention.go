@@ -13,6 +13,7 @@ import (
 
 	"github.com/kumiko-go/kumiko/framework"
 	"github.com/kumiko-go/kumiko/framework/eventstore"
+	"github.com/kumiko-go/kumiko/framework/jobs"
 )
 
 // Options select what [Prune] deletes.
@@ -53,7 +54,7 @@ type LaggingConsumer struct {
 	// InstanceID is the state row's instance id ("__shared__" for shared
 	// consumers).
 	InstanceID string
-	// Status is idle or dead.
+	// Status is idle, dead or [StatusUnregistered].
 	Status string
 	// Cursor is the consumer's cursor.
 	Cursor eventstore.Cursor
@@ -61,6 +62,12 @@ type LaggingConsumer struct {
 	// reads (capped at one million).
 	Unseen int64
 }
+
+// StatusUnregistered is the Status of a consumer the registry declares
+// that has no state row yet: no process of this build has started and
+// registered it. It counts as sitting at the start of the log, where that
+// process will register it.
+const StatusUnregistered = "unregistered"
 
 // LagError is returned when a prune is refused because consumers have not
 // passed the events it would delete.
@@ -73,12 +80,22 @@ type LagError struct {
 func (e *LagError) Error() string {
 	var b strings.Builder
 	b.WriteString("retention: refused: consumers have not passed the events to prune:")
-	var plain bool
+	var plain, unregistered bool
 	for _, c := range e.Consumers {
+		if c.Status == StatusUnregistered {
+			fmt.Fprintf(&b, "\n  %s (not registered yet, starts at the start of the log): %d unseen", c.Name, c.Unseen)
+			unregistered = true
+			continue
+		}
 		fmt.Fprintf(&b, "\n  %s (instance %s, %s, cursor %s): %d unseen", c.Name, c.InstanceID, c.Status, c.Cursor, c.Unseen)
 		if _, ok := strings.CutSuffix(c.Name, rebuildSuffix); !ok {
 			plain = true
 		}
+	}
+	if unregistered {
+		// No row: the consumer verbs have nothing to move on yet.
+		b.WriteString("\nconsumers not registered yet are declared by this build but no process of it has run them: " +
+			"start the release's workers (or all-in-one processes), which register them at the start of the log, then prune again")
 	}
 	for _, c := range e.Consumers {
 		// Skipping or rewinding a rebuild's temporary consumer would drop
@@ -199,8 +216,28 @@ const (
 	lockConsumersSQL = `LOCK TABLE event_consumers IN SHARE MODE`
 	cutoffSQL        = `SELECT now() - make_interval(days => $1)`
 	// guardSQL lists the consumers (not disabled, reading one of the types)
-	// with a candidate event after their cursor.
-	guardSQL = `SELECT name, instance_id, status, cursor_commit_key, cursor_position, unseen FROM (
+	// with a candidate event after their cursor. $3 are the shared
+	// consumers this build declares ([declaredConsumers]: name, types): a
+	// row of one (its partitions' too) reads the declared types besides
+	// its own (the row lists the types of the last process that started,
+	// which may be an older release's), and one without any row counts as
+	// sitting at the start of the log, where the first process of this
+	// build will register it (status unregistered).
+	guardSQL = `WITH decl AS (
+  SELECT d->>'name' AS name, ARRAY(SELECT jsonb_array_elements_text(d->'types')) AS types
+  FROM jsonb_array_elements($3::jsonb) d
+), cons AS (
+  SELECT c.name, c.instance_id, c.status, c.cursor_commit_key, c.cursor_position, c.partition_index, c.partition_count,
+    CASE WHEN c.event_types IS NULL THEN NULL
+      ELSE c.event_types || coalesce((SELECT d.types FROM decl d
+        WHERE c.instance_id = '__shared__' AND d.name = regexp_replace(c.name, '@[0-9]+$', '')), '{}') END AS event_types
+  FROM event_consumers c
+  UNION ALL
+  SELECT d.name, '__shared__', 'unregistered', '0'::xid8, 0, 0, 1, d.types
+  FROM decl d WHERE NOT EXISTS (SELECT 1 FROM event_consumers c
+    WHERE c.instance_id = '__shared__' AND regexp_replace(c.name, '@[0-9]+$', '') = d.name)
+)
+SELECT name, instance_id, status, cursor_commit_key, cursor_position, unseen FROM (
   SELECT c.name, c.instance_id, c.status, c.cursor_commit_key, c.cursor_position,
     (SELECT count(*) FROM (SELECT 1 FROM events e
        WHERE e.type = ANY($1) AND e.created_at < $2
@@ -208,7 +245,7 @@ const (
          AND (c.partition_count = 1 OR kumiko_stream_partition(e.stream_id, c.partition_count) = c.partition_index)
          AND (e.commit_key, e.position) > (c.cursor_commit_key, c.cursor_position)
        LIMIT 1000000) x) AS unseen
-  FROM event_consumers c
+  FROM cons c
   WHERE c.status <> 'disabled' AND (c.event_types IS NULL OR c.event_types && $1)
 ) g WHERE unseen > 0 ORDER BY name, instance_id`
 	countSQL = `SELECT type, count(*) FROM events WHERE type = ANY($1) AND created_at < $2 GROUP BY type`
@@ -229,7 +266,11 @@ SELECT type, count(*) FROM d GROUP BY type`
 // Prune deletes events of the selected types created more than
 // opts.OlderThanDays days ago, in one transaction that holds the consumer
 // table in SHARE mode, unless a consumer that is not disabled has not passed
-// them: then it deletes nothing and returns a *[LagError]. In a dry run it
+// them: then it deletes nothing and returns a *[LagError]. The consumers
+// are the state rows and the shared consumers reg declares that have no row
+// yet (at the start of the log, where their first process registers them:
+// [StatusUnregistered]); a declared consumer's rows count with reg's event
+// types besides their own. In a dry run it
 // counts instead of deleting; when the guard refuses, it returns the counts
 // together with the *LagError. A delete records, per tenant, stream type and
 // type, the last deleted event in event_prune_marks, so that an SSE client
@@ -278,7 +319,7 @@ func Prune(ctx context.Context, pool *pgxpool.Pool, reg *framework.Registry, opt
 			_ = conn.Conn().Close(uctx)
 		}
 	}()
-	lagErr, err := prune(ctx, conn.Conn(), types, opts, res)
+	lagErr, err := prune(ctx, conn.Conn(), types, declaredConsumers(reg), opts, res)
 	if err != nil {
 		return nil, fmt.Errorf("retention: %w", err)
 	}
@@ -292,7 +333,7 @@ func Prune(ctx context.Context, pool *pgxpool.Pool, reg *framework.Registry, opt
 }
 
 // prune runs the prune transaction on conn, filling res.
-func prune(ctx context.Context, conn *pgx.Conn, types []string, opts *Options, res *Result) (*LagError, error) {
+func prune(ctx context.Context, conn *pgx.Conn, types []string, declared []declaredConsumer, opts *Options, res *Result) (*LagError, error) {
 	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 	if err != nil {
 		return nil, fmt.Errorf("begin: %w", err)
@@ -304,7 +345,7 @@ func prune(ctx context.Context, conn *pgx.Conn, types []string, opts *Options, r
 	if err := tx.QueryRow(ctx, cutoffSQL, opts.OlderThanDays).Scan(&res.Cutoff); err != nil {
 		return nil, fmt.Errorf("cutoff: %w", err)
 	}
-	rows, err := tx.Query(ctx, guardSQL, types, res.Cutoff)
+	rows, err := tx.Query(ctx, guardSQL, types, res.Cutoff, declared)
 	if err != nil {
 		return nil, fmt.Errorf("guard: %w", err)
 	}
@@ -338,6 +379,39 @@ func prune(ctx context.Context, conn *pgx.Conn, types []string, opts *Options, r
 		return nil, fmt.Errorf("commit: %w", err)
 	}
 	return nil, nil
+}
+
+// declaredConsumer is a shared consumer the registry declares, as the
+// guard reads it (JSON).
+type declaredConsumer struct {
+	Name  string   `json:"name"`
+	Types []string `json:"types"`
+}
+
+// declaredConsumers returns the shared consumers a process built on reg
+// registers at the start of the log: its shared multi-stream projections
+// (sagas included) and, with jobs, the job-trigger consumer. Left out:
+// per-instance consumers (the instances to come are unknown; the SSE
+// broadcast starts at the head anyway) and the cache-invalidation consumer
+// (a cache entry is filled after the events it would replay, so they
+// invalidate nothing).
+func declaredConsumers(reg *framework.Registry) []declaredConsumer {
+	out := []declaredConsumer{} // JSON [] for none, not null
+	for _, p := range reg.Projections() {
+		o := p.Options()
+		if p.Kind() != framework.KindMultiStream || o.Delivery == framework.DeliveryPerInstance {
+			continue
+		}
+		if types := p.EventTypes(); len(types) > 0 {
+			out = append(out, declaredConsumer{Name: p.Name(), Types: types})
+		}
+	}
+	if set := jobs.For(reg); set.Len() > 0 {
+		if types := set.TriggerTypes(); len(types) > 0 {
+			out = append(out, declaredConsumer{Name: jobs.ConsumerName, Types: types})
+		}
+	}
+	return out
 }
 
 const pruneDeadLettersSQL = `DELETE FROM event_dead_letters WHERE created_at < now() - make_interval(days => $1)`

@@ -49,7 +49,10 @@ events are deleted only when named with --types.
 
 The prune refuses, and deletes nothing, while any consumer that is not
 disabled has not passed the events it would delete; move such a consumer on
-with 'kumiko consumer skip' or 'kumiko consumer disable'. --dry-run counts
+with 'kumiko consumer skip' or 'kumiko consumer disable'. A shared consumer
+this binary declares that no process has registered yet (a new release's,
+before its first worker started) counts as sitting at the start of the log:
+run the prune with the newest release's binary. --dry-run counts
 what would be deleted and runs the same check.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

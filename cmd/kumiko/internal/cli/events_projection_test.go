@@ -21,6 +21,7 @@ import (
 	"github.com/kumiko-go/kumiko/framework"
 	"github.com/kumiko-go/kumiko/framework/dispatcher"
 	"github.com/kumiko-go/kumiko/framework/eventstore"
+	"github.com/kumiko-go/kumiko/framework/jobs"
 	"github.com/kumiko-go/kumiko/framework/kumikotest"
 	"github.com/kumiko-go/kumiko/framework/rebuild"
 	"github.com/kumiko-go/kumiko/framework/retention"
@@ -207,6 +208,24 @@ func testEventsPrune(t *testing.T, bin string) {
 	require.Equal(t, 1, code, out)
 	require.Contains(t, out, "unknown event type: orders:event:nope")
 	require.Equal(t, int64(7), f.int(t, `SELECT count(*) FROM events WHERE type LIKE 'orders:%'`))
+
+	// A consumer this build declares that no process has registered yet
+	// (the job trigger: no worker ran) blocks it as if at the start of
+	// the log: its first worker will deliver them from there.
+	out, code = f.run(t, "events", "prune", "--older-than-days", "30", "--types", orderTypes)
+	require.Equal(t, 1, code, out)
+	require.Contains(t, out, jobs.ConsumerName+" (not registered yet, starts at the start of the log): 5 unseen")
+	require.Contains(t, out, "start the release's workers")
+	require.Equal(t, int64(7), f.int(t, `SELECT count(*) FROM events WHERE type LIKE 'orders:%'`))
+	// A worker registers it and passes them (its enqueues are no part of
+	// this test).
+	trigger, err := dispatcher.New(f.db.Pool, f.reg, []dispatcher.Consumer{{Name: jobs.ConsumerName, System: true,
+		EventTypes: jobs.For(f.reg).TriggerTypes(),
+		Apply:      func(context.Context, *framework.Tx, framework.Envelope) error { return nil }}},
+		&dispatcher.Config{InstanceID: "cli-test-worker"})
+	require.NoError(t, err)
+	require.NoError(t, trigger.Register(ctx))
+	f.drain(t, trigger, jobs.ConsumerName)
 
 	// Pre-registered consumers (no pass yet) block the prune of what they read.
 	d := f.live(t)
