@@ -2,6 +2,7 @@ package jobs_test
 
 import (
 	"context"
+	"maps"
 	"os"
 	"testing"
 	"time"
@@ -29,6 +30,41 @@ func registerStuck(f *framework.Feature, run func(ctx context.Context, jc *jobs.
 }
 
 // TestCrashWorkerProcess is the worker process of
+// killWorkerInRun dispatches a run of test:job:stuck, declared by
+// register, to a worker process (TestCrashWorkerProcess, with env besides
+// the database and Redis) and kills it (SIGKILL) in the run; then it does
+// what a minute without the dead worker's heartbeats does: its leases run
+// out (asynq recovers such a run when a worker starts, and every minute).
+// The test's own runner reports the runs it makes on the channel.
+func killWorkerInRun(t *testing.T, register func(*framework.Feature, func(context.Context, *jobs.Context, exportInput) error), env map[string]string) (*bundle, chan string) {
+	t.Helper()
+	ran := make(chan string, 4)
+	b := setup(t, func(b *bundle) {
+		register(b.f, func(ctx context.Context, jc *jobs.Context, in exportInput) error {
+			ran <- in.Report
+			return insertRun(ctx, jc, jc.Job, in.Report, "second worker")
+		})
+	})
+	client, err := jobs.New(b.rt, b.rdb, &jobs.Config{Lanes: jobs.Lanes})
+	require.NoError(t, err)
+	_, err = client.Client().Dispatch(t.Context(), "test:job:stuck", exportInput{Report: "r1"}, &jobs.DispatchOptions{TenantID: "acme"})
+	require.NoError(t, err)
+
+	bin, err := os.Executable()
+	require.NoError(t, err)
+	procEnv := map[string]string{crashDBEnv: b.db.URL, crashRedisEnv: b.redis.URL}
+	maps.Copy(procEnv, env)
+	worker := proctest.Start(t, bin, "worker", procEnv, "-test.run=^TestCrashWorkerProcess$", "-test.count=1")
+	eventually(t, "the worker process to start the run", func() bool {
+		var n int
+		require.NoError(t, b.db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM runs WHERE info = 'killed worker'`).Scan(&n))
+		return n == 1
+	})
+	worker.Kill()
+	require.Positive(t, b.redis.ExpireLeases(t), "the killed worker's run holds a lease")
+	return b, ran
+}
+
 // TestKilledWorkersRunRunsAgain: a runner whose test:job:stuck records its
 // start and then hangs until the process is killed.
 func TestCrashWorkerProcess(t *testing.T) {
@@ -72,33 +108,7 @@ func TestCrashWorkerProcess(t *testing.T) {
 // lease's expiry into the past instead of waiting a minute for it.)
 func TestKilledWorkersRunRunsAgain(t *testing.T) {
 	t.Parallel()
-	ran := make(chan string, 4)
-	b := setup(t, func(b *bundle) {
-		registerStuck(b.f, func(ctx context.Context, jc *jobs.Context, in exportInput) error {
-			ran <- in.Report
-			return insertRun(ctx, jc, jc.Job, in.Report, "second worker")
-		})
-	})
-	client, err := jobs.New(b.rt, b.rdb, &jobs.Config{Lanes: jobs.Lanes})
-	require.NoError(t, err)
-	_, err = client.Client().Dispatch(t.Context(), "test:job:stuck", exportInput{Report: "r1"}, &jobs.DispatchOptions{TenantID: "acme"})
-	require.NoError(t, err)
-
-	bin, err := os.Executable()
-	require.NoError(t, err)
-	worker := proctest.Start(t, bin, "worker", map[string]string{crashDBEnv: b.db.URL, crashRedisEnv: b.redis.URL},
-		"-test.run=^TestCrashWorkerProcess$", "-test.count=1")
-	eventually(t, "the worker process to start the run", func() bool {
-		var n int
-		require.NoError(t, b.db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM runs WHERE info = 'killed worker'`).Scan(&n))
-		return n == 1
-	})
-	worker.Kill()
-
-	// What a minute without the dead worker's heartbeats does: its
-	// leases run out (asynq recovers a run 30 s after that).
-	require.Positive(t, b.redis.ExpireLeases(t), "the killed worker's run holds a lease")
-
+	b, ran := killWorkerInRun(t, registerStuck, nil)
 	r := b.runner(t, nil) // recovers lease-expired runs when it starts
 	select {
 	case report := <-ran:
@@ -126,30 +136,7 @@ func registerStuckSlowBackoff(f *framework.Feature, run func(ctx context.Context
 // run: the job's Backoff (here an hour) does not delay it.
 func TestKilledWorkersRunIsNotHeldByTheJobsBackoff(t *testing.T) {
 	t.Parallel()
-	ran := make(chan string, 4)
-	b := setup(t, func(b *bundle) {
-		registerStuckSlowBackoff(b.f, func(ctx context.Context, jc *jobs.Context, in exportInput) error {
-			ran <- in.Report
-			return insertRun(ctx, jc, jc.Job, in.Report, "second worker")
-		})
-	})
-	client, err := jobs.New(b.rt, b.rdb, &jobs.Config{Lanes: jobs.Lanes})
-	require.NoError(t, err)
-	_, err = client.Client().Dispatch(t.Context(), "test:job:stuck", exportInput{Report: "r1"}, &jobs.DispatchOptions{TenantID: "acme"})
-	require.NoError(t, err)
-
-	bin, err := os.Executable()
-	require.NoError(t, err)
-	worker := proctest.Start(t, bin, "worker", map[string]string{crashDBEnv: b.db.URL, crashRedisEnv: b.redis.URL, crashSlowBackoffEnv: "1"},
-		"-test.run=^TestCrashWorkerProcess$", "-test.count=1")
-	eventually(t, "the worker process to start the run", func() bool {
-		var n int
-		require.NoError(t, b.db.Pool.QueryRow(t.Context(), `SELECT count(*) FROM runs WHERE info = 'killed worker'`).Scan(&n))
-		return n == 1
-	})
-	worker.Kill()
-	require.Positive(t, b.redis.ExpireLeases(t), "the killed worker's run holds a lease")
-
+	b, ran := killWorkerInRun(t, registerStuckSlowBackoff, map[string]string{crashSlowBackoffEnv: "1"})
 	r := b.runner(t, nil) // recovers lease-expired runs when it starts
 	select {
 	case report := <-ran:
