@@ -2,10 +2,7 @@ package sse_test
 
 import (
 	"context"
-	"encoding/json"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -22,31 +19,12 @@ import (
 // ones included, as if each were slow.
 func TestFanOutLagDropsNoOne(t *testing.T) {
 	t.Parallel()
-	entered := make(chan struct{})
-	gate := make(chan struct{})
-	var once sync.Once
-	var slowed framework.EventType[Slowed]
-	b := setupWith(t, nil, func(reg *framework.Registry) {
-		slowed = framework.DefineEvent[Slowed](reg.Feature("sse-test"), "slowed", &framework.EventOptions{
-			Version: 2,
-			Upcasters: map[int]framework.Upcaster{1: func(p json.RawMessage) (json.RawMessage, error) {
-				if string(p) == `{"slow":true}` {
-					once.Do(func() { close(entered) })
-					<-gate
-				}
-				return json.RawMessage(`{"name":"x"}`), nil
-			}},
-		})
-	})
-	var releaseOnce sync.Once
-	release := func() { releaseOnce.Do(func() { close(gate) }) }
+	b, h := setupSlowUpcaster(t)
+	entered, release := h.entered, h.release
 	defer release()
 	c := b.connect(t, request{tenant: "t-lag"})
 	apply := b.hub.Consumer().Apply
-	env := func(pos int64, payload string) framework.Envelope {
-		return framework.Envelope{Position: pos, CommitKey: 1 << 62, TenantID: "t-lag", StreamType: "k", StreamID: "s",
-			Version: pos, Type: slowed.Name(), TypeVersion: 1, Payload: []byte(payload), CreatedAt: time.Now()}
-	}
+	env := func(pos int64, payload string) framework.Envelope { return h.env("t-lag", pos, payload) }
 	const n = 3000 // six passes of the default batch (500), beyond the buffer (1024)
 	require.NoError(t, apply(context.Background(), nil, env(1<<40, `{"slow":true}`)))
 	<-entered

@@ -25,37 +25,12 @@ type Slowed struct {
 // published; the slow event then reaches its client in order.
 func TestSlowUpcasterBlocksNoOne(t *testing.T) {
 	t.Parallel()
-	entered := make(chan struct{})
-	gate := make(chan struct{})
-	var once sync.Once
-	var slowed framework.EventType[Slowed]
-	b := setupWith(t, nil, func(reg *framework.Registry) {
-		slowed = framework.DefineEvent[Slowed](reg.Feature("sse-test"), "slowed", &framework.EventOptions{
-			Version: 2,
-			Upcasters: map[int]framework.Upcaster{1: func(p json.RawMessage) (json.RawMessage, error) {
-				if string(p) == `{"slow":true}` {
-					once.Do(func() { close(entered) })
-					<-gate
-					return json.RawMessage(`{"name":"slow"}`), nil
-				}
-				return json.RawMessage(`{"name":"fast"}`), nil
-			}},
-		})
-	})
-	released := false
-	release := func() {
-		if !released {
-			released = true
-			close(gate)
-		}
-	}
+	b, h := setupSlowUpcaster(t)
+	entered, release := h.entered, h.release
 	defer release()
 	c := b.connect(t, request{tenant: "t-slow"})
 	apply := b.hub.Consumer().Apply
-	env := func(pos int64, payload string) framework.Envelope {
-		return framework.Envelope{Position: pos, CommitKey: 1 << 62, TenantID: "t-slow", StreamType: "k", StreamID: "s",
-			Version: pos, Type: slowed.Name(), TypeVersion: 1, Payload: []byte(payload), CreatedAt: time.Now()}
-	}
+	env := func(pos int64, payload string) framework.Envelope { return h.env("t-slow", pos, payload) }
 	require.NoError(t, apply(context.Background(), nil, env(1<<40, `{"slow":true}`)))
 	select {
 	case <-entered:
@@ -88,4 +63,41 @@ func TestSlowUpcasterBlocksNoOne(t *testing.T) {
 	evs := c.waitFor(t, 2)
 	require.Contains(t, string(evs[0].Data), `"payload":{"name":"slow"}`)
 	require.Contains(t, string(evs[1].Data), `"payload":{"name":"fast"}`)
+}
+
+// slowUpcaster is a hub whose sse-test:event:slowed upcaster (from version
+// 1) holds the event {"slow":true} until release: entered is closed when
+// it does. Its other events upcast to {"name":"fast"} at once.
+type slowUpcaster struct {
+	slowed  framework.EventType[Slowed]
+	entered chan struct{}
+	release func()
+}
+
+// env is a slowed event of tenant at pos with a version-1 payload.
+func (h *slowUpcaster) env(tenant string, pos int64, payload string) framework.Envelope {
+	return framework.Envelope{Position: pos, CommitKey: 1 << 62, TenantID: tenant, StreamType: "k", StreamID: "s",
+		Version: pos, Type: h.slowed.Name(), TypeVersion: 1, Payload: []byte(payload), CreatedAt: time.Now()}
+}
+
+func setupSlowUpcaster(t *testing.T) (*bundle, *slowUpcaster) {
+	t.Helper()
+	h := &slowUpcaster{entered: make(chan struct{})}
+	gate := make(chan struct{})
+	var enterOnce, releaseOnce sync.Once
+	h.release = func() { releaseOnce.Do(func() { close(gate) }) }
+	b := setupWith(t, nil, func(reg *framework.Registry) {
+		h.slowed = framework.DefineEvent[Slowed](reg.Feature("sse-test"), "slowed", &framework.EventOptions{
+			Version: 2,
+			Upcasters: map[int]framework.Upcaster{1: func(p json.RawMessage) (json.RawMessage, error) {
+				if string(p) == `{"slow":true}` {
+					enterOnce.Do(func() { close(h.entered) })
+					<-gate
+					return json.RawMessage(`{"name":"slow"}`), nil
+				}
+				return json.RawMessage(`{"name":"fast"}`), nil
+			}},
+		})
+	})
+	return b, h
 }
