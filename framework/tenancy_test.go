@@ -11,6 +11,7 @@ import (
 
 	"github.com/kumiko-go/kumiko/features/orders"
 	"github.com/kumiko-go/kumiko/framework"
+	"github.com/kumiko-go/kumiko/framework/eventstore"
 )
 
 // tenantCounts is what an unfiltered count sees from inside a transaction.
@@ -35,11 +36,44 @@ type tamperInput struct {
 // the append-only log. Each is chosen by name, never by the caller's SQL.
 var tamperSQL = map[string]string{
 	"insert-foreign-order": `INSERT INTO orders (tenant_id, id, customer, amount_cents) VALUES ('t2', gen_random_uuid(), 'intruder', 1)`,
-	"insert-foreign-event": `INSERT INTO events (position, commit_key, tenant_id, stream_type, stream_id, version, type, payload)
-		VALUES (nextval('kumiko_event_position_seq'), pg_current_xact_id(), 't2', 'order', 'forged', 1, 'orders:event:placed', '{}')`,
+	"insert-foreign-event": `INSERT INTO events (commit_key, tenant_id, stream_type, stream_id, version, type, payload)
+		VALUES (pg_current_xact_id(), 't2', 'order', 'forged', 1, 'orders:event:placed', '{}')`,
 	"move-order-to-t2": `UPDATE orders SET tenant_id = 't2'`,
 	"update-events":    `UPDATE events SET payload = '{}'`,
 	"delete-events":    `DELETE FROM events`,
+}
+
+// The statements a tenant's handler tries against the log's own columns,
+// on its own tenant's rows: what only the append may compute (positions,
+// commit keys, creation times, the streams head). Each would break the
+// log for others or for later appends if it succeeded.
+var forgeSQL = map[string]string{
+	// A position one ahead of the sequence: the next append, whichever
+	// tenant's, would draw it and fail on the duplicate.
+	"position-ahead": `INSERT INTO events (position, commit_key, tenant_id, stream_type, stream_id, version, type, payload)
+		VALUES (nextval('kumiko_event_position_seq') + 1, pg_current_xact_id(), 't1', 'order', 'forged', 1, 'orders:event:placed', '{}')`,
+	// A commit key below the transaction's id: behind the consumers'
+	// cursors, never delivered.
+	"commit-key-behind": `INSERT INTO events (commit_key, tenant_id, stream_type, stream_id, version, type, payload)
+		VALUES ('1', 't1', 'order', 'forged', 1, 'orders:event:placed', '{}')`,
+	// A commit key ahead of the server's transaction ids: the restore
+	// check pauses every tenant's writes.
+	"commit-key-ahead": `INSERT INTO events (commit_key, tenant_id, stream_type, stream_id, version, type, payload)
+		VALUES ((pg_current_xact_id()::text::bigint + 1000000000)::text::xid8, 't1', 'order', 'forged', 1, 'orders:event:placed', '{}')`,
+	// A back-dated event: pruned and read as of times it did not exist.
+	"created-at": `INSERT INTO events (commit_key, tenant_id, stream_type, stream_id, version, type, payload, created_at)
+		VALUES (pg_current_xact_id(), 't1', 'order', 'forged', 1, 'orders:event:placed', '{}', '2000-01-01')`,
+	// A new head ahead of the transaction ids: every event appended to it
+	// inherits the key.
+	"new-stream-ahead": `INSERT INTO streams (tenant_id, stream_type, stream_id, version, last_commit_key)
+		VALUES ('t1', 'order', 'forged', 1, (pg_current_xact_id()::text::bigint + 1000000000)::text::xid8)`,
+	"stream-key-ahead": `UPDATE streams SET version = version + 1,
+		last_commit_key = (pg_current_xact_id()::text::bigint + 1000000000)::text::xid8`,
+	// A rewound head: the stream's next append collides with its events.
+	"stream-rewind": `UPDATE streams SET version = 0`,
+	// A renamed head: the old stream restarts at version 1 over its events.
+	"stream-rename": `UPDATE streams SET stream_id = stream_id || '-moved', version = version + 1,
+		last_commit_key = GREATEST(pg_current_xact_id(), last_commit_key)`,
 }
 
 // countUnfiltered counts orders, events and streams with no tenant filter.
@@ -65,7 +99,11 @@ func newTenancyBundle(t *testing.T) *rtBundle {
 			if _, err := tx.Exec(ctx, insertOrderSQL, tx.TenantID(), uuid.NewString(), "own", 1); err != nil {
 				return struct{}{}, err
 			}
-			_, err := tx.Exec(ctx, tamperSQL[in.Statement])
+			sql, ok := tamperSQL[in.Statement]
+			if !ok {
+				sql = forgeSQL[in.Statement]
+			}
+			_, err := tx.Exec(ctx, sql)
 			return struct{}{}, err
 		}, nil)
 		framework.Write(f, "rename-all", func(ctx context.Context, tx *framework.Tx, _ struct{}) (int64, error) {
@@ -169,6 +207,77 @@ func TestTenancyForeignWritesAreDenied(t *testing.T) {
 		require.Zero(t, b.count(t, `SELECT count(*) FROM orders WHERE customer IN ('own', 'intruder')`), stmt)
 		b.requireSeedIntact(t)
 	}
+}
+
+// A handler's raw SQL cannot write what only the append computes: a
+// position of its choosing, a commit key outside [own id, next id), a
+// creation time, or a streams head that moves other than forward by an
+// append. Each attempt fails, nothing of its transaction persists, and the
+// log stays usable for both tenants: appends of the other tenant and to the
+// tampering tenant's streams succeed, and the restore check stays quiet.
+func TestTenancyForgedLogColumnsAreDenied(t *testing.T) {
+	t.Parallel()
+	b := newTenancyBundle(t)
+	var stream framework.Stream
+	require.NoError(t, b.db.Pool.QueryRow(t.Context(), `SELECT stream_type, stream_id FROM streams WHERE tenant_id = 't1' ORDER BY stream_id LIMIT 1`).
+		Scan(&stream.Type, &stream.ID))
+	// Why each is refused: a column the role may not name, a policy, the
+	// head row's trigger.
+	reasons := map[string]string{
+		"position-ahead":    "permission denied for table events",
+		"created-at":        "permission denied for table events",
+		"commit-key-behind": `policy "kumiko_commit_key" for table "events"`,
+		"commit-key-ahead":  "is in the future",
+		"new-stream-ahead":  `policy "kumiko_commit_key" for table "streams"`,
+		"stream-key-ahead":  "its head row moves only by an append",
+		"stream-rewind":     "its head row moves only by an append",
+		"stream-rename":     "its head row moves only by an append",
+	}
+	require.Len(t, reasons, len(forgeSQL))
+	var placed int
+	for stmt := range forgeSQL {
+		_, err := b.write(t, callAs("t1", "alice"), "tenancy-test:write:tamper", tamperInput{Statement: stmt})
+		require.ErrorContains(t, err, reasons[stmt], stmt)
+		require.Zero(t, b.count(t, `SELECT count(*) FROM orders WHERE customer = 'own'`), stmt)
+		require.Zero(t, b.count(t, `SELECT count(*) FROM events WHERE stream_id LIKE 'forged%' OR created_at < '2001-01-01'`), stmt)
+		require.Zero(t, b.count(t, `SELECT count(*) FROM streams WHERE stream_id LIKE 'forged%' OR stream_id LIKE '%-moved'`), stmt)
+		require.NoError(t, eventstore.CheckCommitKeys(t.Context(), b.db.Pool), stmt)
+
+		// The other tenant appends to a new stream (the next position)...
+		b.place(t, "t2", "t2-after-"+stmt)
+		// ... and the tampering tenant's stream takes its next version.
+		_, err = b.rt.InTx(t.Context(), "t1", framework.Metadata{}, func(_ context.Context, tx *framework.Tx) error {
+			return tx.Append(stream, framework.AnyVersion, b.orders.Placed.With(orders.Placed{OrderID: uuid.NewString(), Customer: "again", AmountCents: 1}))
+		})
+		require.NoError(t, err, stmt)
+		placed++
+		require.Equal(t, int64(1+placed), b.count(t, `SELECT version FROM streams WHERE tenant_id = 't1' AND stream_type = $1 AND stream_id = $2`, stream.Type, stream.ID), stmt)
+		require.Equal(t, int64(1+placed), b.count(t, `SELECT count(*) FROM events WHERE tenant_id = 't1' AND stream_type = $1 AND stream_id = $2`, stream.Type, stream.ID), stmt)
+	}
+}
+
+// What the database does not refuse (README, Tenancy): a raw insert that
+// skips the streams head is stored, delivered at its own commit key like an
+// appended event, and the stream's next append collides with it.
+func TestTenancyRawEventSkippingTheHeadBlocksTheStream(t *testing.T) {
+	t.Parallel()
+	b := newTenancyBundle(t)
+	var stream framework.Stream
+	require.NoError(t, b.db.Pool.QueryRow(t.Context(), `SELECT stream_type, stream_id FROM streams WHERE tenant_id = 't1' ORDER BY stream_id LIMIT 1`).
+		Scan(&stream.Type, &stream.ID))
+	_, err := b.rt.InTx(t.Context(), "t1", framework.Metadata{}, func(ctx context.Context, tx *framework.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO events (commit_key, tenant_id, stream_type, stream_id, version, type, payload)
+			VALUES (pg_current_xact_id(), 't1', $1, $2, 2, 'orders:event:placed', '{}')`, stream.Type, stream.ID)
+		return err
+	})
+	require.NoError(t, err)
+	require.Equal(t, int64(1), b.count(t, `SELECT version FROM streams WHERE tenant_id = 't1' AND stream_type = $1 AND stream_id = $2`, stream.Type, stream.ID))
+
+	_, err = b.rt.InTx(t.Context(), "t1", framework.Metadata{}, func(_ context.Context, tx *framework.Tx) error {
+		return tx.Append(stream, framework.AnyVersion, b.orders.Placed.With(orders.Placed{OrderID: uuid.NewString(), Customer: "again", AmountCents: 1}))
+	})
+	require.Error(t, err)
+	require.Equal(t, framework.CodeVersionConflict, framework.ToError(err).Code, "%v", err)
 }
 
 // An unfiltered UPDATE changes only the caller's rows; an explicit DELETE

@@ -186,7 +186,9 @@ func (e *ConcurrencyError) Error() string {
 }
 
 // The append statements. Each locks the stream's head row first (the CTE s
-// or g) and draws positions after that lock; EXCLUDED.version / $4 carries
+// or g) and draws positions after that lock (the position column's default,
+// nextval of kumiko_event_position_seq, evaluated per inserted row; the
+// tenant role may not name the column: migration 00012); EXCLUDED.version / $4 carries
 // the number of events. A conflict must abort the transaction, or a COMMIT
 // pipelined behind a zero-row append would commit the business writes
 // without their events: for an expected version the guard branch calls
@@ -195,16 +197,16 @@ func (e *ConcurrencyError) Error() string {
 // the same.
 const (
 	appendInsertTail = `
-INSERT INTO events (position, commit_key, tenant_id, stream_type, stream_id, version, type, type_version, payload, metadata)
-SELECT nextval('kumiko_event_position_seq'), g.last_commit_key, $1, $2, $3, g.version - $4 + e.ord, e.type, e.type_version, e.payload, e.metadata
+INSERT INTO events (commit_key, tenant_id, stream_type, stream_id, version, type, type_version, payload, metadata)
+SELECT g.last_commit_key, $1, $2, $3, g.version - $4 + e.ord, e.type, e.type_version, e.payload, e.metadata
 FROM g, unnest($5::text[], $6::int[], $7::jsonb[], $8::jsonb[]) WITH ORDINALITY AS e(type, type_version, payload, metadata, ord)
 RETURNING position, version, commit_key, created_at`
 
 	// appendInsertOne is appendInsertTail for one event: scalars instead of
 	// arrays, so neither side builds, sends and unpacks them.
 	appendInsertOne = `
-INSERT INTO events (position, commit_key, tenant_id, stream_type, stream_id, version, type, type_version, payload, metadata)
-SELECT nextval('kumiko_event_position_seq'), g.last_commit_key, $1, $2, $3, g.version, $5::text, $6::int, $7::jsonb, $8::jsonb
+INSERT INTO events (commit_key, tenant_id, stream_type, stream_id, version, type, type_version, payload, metadata)
+SELECT g.last_commit_key, $1, $2, $3, g.version, $5::text, $6::int, $7::jsonb, $8::jsonb
 FROM g
 RETURNING position, version, commit_key, created_at`
 
