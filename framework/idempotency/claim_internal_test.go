@@ -59,10 +59,10 @@ func TestRenewalAfterReleaseOfAReclaimedKey(t *testing.T) {
 	require.Equal(t, "claimed", claim(dead)[0])
 	require.NoError(t, rdb.HSet(t.Context(), key, "lease", 0).Err()) // its lease ran out
 	require.Equal(t, "reclaimed", claim(owner)[0])
-	ok, err := s.cmd.Run(t.Context(), releaseScript, []string{key}, owner).Int()
+	ok, err := s.cmd.Run(t.Context(), releaseScript, []string{key}, owner, s.pendingTTL().Milliseconds()).Int()
 	require.NoError(t, err)
 	require.Equal(t, 1, ok)
-	ok, err = s.cmd.Run(t.Context(), renewScript, []string{key}, owner, s.lease.Milliseconds(), s.ttl.Milliseconds()).Int()
+	ok, err = s.cmd.Run(t.Context(), renewScript, []string{key}, owner, s.lease.Milliseconds(), s.ttl.Milliseconds(), "fp", 0, "").Int()
 	require.NoError(t, err)
 	require.Zero(t, ok, "the releaser renewed the released key")
 	require.Equal(t, "reclaimed", claim(newOwner())[0], "the next request reclaims at once")

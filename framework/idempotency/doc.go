@@ -32,6 +32,17 @@
 // 2 ms. A duplicate's claim thus finds the response it waits for already
 // stored. [Store.Close] waits for those at shutdown.
 //
+// # A Redis that forgets
+//
+// A Redis restarted empty (or flushed) has forgotten the claims of
+// requests still running. Their keys are not left to the next request to
+// claim afresh and run again: a waiting Begin that saw the key pending and
+// finds it gone restores that owner's pending record (and goes on
+// waiting), the owner's next renewal restores it too, and its finish
+// stores the response into a record that is gone. A released key leaves a
+// record in state released, so that a waiter tells it from a forgotten
+// one and claims it at once.
+//
 // Redis time is the clock of every lease, so API instances with skewed
 // clocks agree on them. Keys live for [Config].TTL (default 24 h) after the
 // claim, again after each renewal of its lease (so a request running longer
@@ -41,6 +52,7 @@
 // # Layout
 //
 // One Redis hash per key at "<prefix>:<tenant>:<user>:<key>" (each part
-// query-escaped), with the fields state (pending or done), owner, fp,
-// lease (Redis milliseconds), status, header (JSON) and body.
+// query-escaped), with the fields state (pending, done or released), owner,
+// fp, lease and since (Redis milliseconds), prev (the owner a reclaim took
+// the key from), status, header (JSON) and body.
 package idempotency

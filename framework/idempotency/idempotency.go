@@ -220,7 +220,8 @@ type Response struct {
 }
 
 // claimScript: KEYS[1] record; ARGV owner, fingerprint, lease ms, expiry ms
-// (of a pending record: [Store.pendingTTL]).
+// (of a pending record: [Store.pendingTTL]), and the owner and 'since' of
+// the pending record the caller saw on its previous call ("" for none).
 // A claim run twice by its owner (go-redis retries a command whose answer
 // was late) answers the same both times: claimed, or reclaimed with the
 // previous owner (kept as 'prev'), so that a lost answer to a reclaim does
@@ -228,11 +229,28 @@ type Response struct {
 // owner and how long before (ms, on Redis's clock) the key's first owner
 // claimed it: 'since' is set by the fresh claim only, because every owner
 // since then (not only the last) may have committed the write.
+//
+// A record that is gone although the caller saw it pending (Redis
+// restarted empty, or was flushed, while its owner ran; a released key
+// leaves a 'released' record instead) is not claimed afresh: its owner may
+// still run and commit the write, and nothing makes it check for a second
+// owner's writes within its lease. The pending record is restored as the
+// caller saw it, with a new lease ('restored'): the owner's renewals and
+// its finish find their claim again, the caller waits for the result, and
+// should the owner be gone, the key is taken over when that lease ends,
+// with the check for the writes it committed.
 var claimScript = redisauto.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local r = redis.call('HMGET', KEYS[1], 'state', 'owner', 'fp', 'lease')
-if not r[1] then
+local r = redis.call('HMGET', KEYS[1], 'state', 'owner', 'fp', 'lease', 'since')
+if not r[1] and ARGV[5] and ARGV[5] ~= '' then
+  redis.call('HSET', KEYS[1], 'state', 'pending', 'owner', ARGV[5], 'fp', ARGV[2], 'lease', now + tonumber(ARGV[3]))
+  if ARGV[6] and ARGV[6] ~= '' then redis.call('HSET', KEYS[1], 'since', ARGV[6]) end
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+  return {'restored', ARGV[3], ARGV[5], ARGV[6]}
+end
+if not r[1] or r[1] == 'released' then
+  if r[1] then redis.call('DEL', KEYS[1]) end
   redis.call('HSET', KEYS[1], 'state', 'pending', 'owner', ARGV[1], 'fp', ARGV[2], 'lease', now + tonumber(ARGV[3]), 'since', now)
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
   return {'claimed'}
@@ -258,38 +276,51 @@ if lease <= now then
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
   return {'reclaimed', r[2], since and tostring(now - since) or ''}
 end
-return {'pending', tostring(lease - now)}`)
+return {'pending', tostring(lease - now), r[2], r[5] or ''}`)
 
-// renewScript: KEYS[1] record; ARGV owner, lease ms, expiry ms ([Store.pendingTTL]). The record's
+// renewScript: KEYS[1] record; ARGV owner, lease ms, expiry ms
+// ([Store.pendingTTL]), fingerprint, how long ago (ms) the key's first
+// owner claimed it at the latest, and the previous owner ("" for none). The record's
 // expiry moves with its lease, as at the claim: an owner that runs longer
 // than the TTL keeps its key (else a duplicate would claim it afresh and
 // run again), and a record outlives its lease by the TTL after a renewal as
-// after the claim, for the reclaim that checks the owner's writes.
+// after the claim, for the reclaim that checks the owner's writes. A record
+// that is gone (Redis restarted empty, or was flushed; a finished or
+// released key leaves a record) is put back: the key is still this
+// owner's, and a request with it must wait for its result, not run again.
 var renewScript = redisauto.NewScript(`
 local r = redis.call('HMGET', KEYS[1], 'state', 'owner')
-if r[1] ~= 'pending' or r[2] ~= ARGV[1] then return 0 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if not r[1] then
+  redis.call('HSET', KEYS[1], 'state', 'pending', 'owner', ARGV[1], 'fp', ARGV[4], 'since', now - tonumber(ARGV[5]))
+  if ARGV[6] ~= '' then redis.call('HSET', KEYS[1], 'prev', ARGV[6]) end
+elseif r[1] ~= 'pending' or r[2] ~= ARGV[1] then
+  return 0
+end
 redis.call('HSET', KEYS[1], 'lease', now + tonumber(ARGV[2]))
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 1`)
 
 // finishScript stores the responses of several records: KEYS the records;
-// ARGV ttl ms, then owner, status, header and body for each record. It
-// answers 1 (stored) or 0 (not the owner) for each record. A record its
-// owner finished already answers 1: go-redis may run the script again
-// when its first answer was lost.
+// ARGV ttl ms, then owner, status, header, body and fingerprint for each
+// record. It answers 1 (stored) or 0 (not the owner) for each record. A
+// record its owner finished already answers 1: go-redis may run the script
+// again when its first answer was lost. A record that is gone (Redis
+// restarted empty, or was flushed, while its owner ran; a released key
+// leaves a record) gets the response too: the key was this owner's, and a
+// retry must replay what it did, not run it again.
 var finishScript = redisauto.NewScript(`
 local out = {}
 for i, key in ipairs(KEYS) do
-  local a = 2 + (i - 1) * 4
+  local a = 2 + (i - 1) * 5
   local r = redis.call('HMGET', key, 'state', 'owner')
   if r[1] == 'done' and r[2] == ARGV[a] then
     out[i] = 1
-  elseif r[1] ~= 'pending' or r[2] ~= ARGV[a] then
+  elseif r[1] and (r[1] ~= 'pending' or r[2] ~= ARGV[a]) then
     out[i] = 0
   else
-    redis.call('HSET', key, 'state', 'done', 'status', ARGV[a + 1], 'header', ARGV[a + 2], 'body', ARGV[a + 3])
+    redis.call('HSET', key, 'state', 'done', 'owner', ARGV[a], 'fp', ARGV[a + 4], 'status', ARGV[a + 1], 'header', ARGV[a + 2], 'body', ARGV[a + 3])
     redis.call('HDEL', key, 'lease')
     redis.call('PEXPIRE', key, ARGV[1])
     out[i] = 1
@@ -297,7 +328,10 @@ for i, key in ipairs(KEYS) do
 end
 return out`)
 
-// releaseScript: KEYS[1] record; ARGV owner. A fresh claim is deleted. A
+// releaseScript: KEYS[1] record; ARGV owner, expiry ms of a released
+// fresh claim. A fresh claim becomes a 'released' record, which the next
+// claim takes afresh (whatever its fingerprint): a duplicate that saw the
+// key pending tells it from a record Redis forgot (see claimScript). A
 // reclaimed one (it has 'prev') keeps its record with the lease run out,
 // so that the next request reclaims it at once and still checks for the
 // dead owner's writes (a fresh claim would skip that check; 'since' keeps
@@ -310,6 +344,8 @@ if r[3] then
   redis.call('HSET', KEYS[1], 'owner', 'released:' .. ARGV[1], 'lease', 0)
 else
   redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[1], 'state', 'released')
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 1`)
 
@@ -328,11 +364,14 @@ func (s *Store) Begin(ctx context.Context, sc Scope, fp string) (*Claim, *Respon
 	deadline := time.Now().Add(s.wait)
 	pause := 5 * time.Millisecond
 	ride := s.rideAlong()
+	// The owner and 'since' of the pending record seen last: should the
+	// record be gone at the next call, it is restored (see claimScript).
+	var seenOwner, seenSince string
 	for {
 		sent := time.Now()
 		cctx, cancel := context.WithTimeout(ctx, s.call)
 		res, err := s.cmd.RunThen(cctx, claimScript, []string{key}, s.releaseLate(key, owner),
-			owner, fp, s.lease.Milliseconds(), s.pendingTTL().Milliseconds()).Slice()
+			owner, fp, s.lease.Milliseconds(), s.pendingTTL().Milliseconds(), seenOwner, seenSince).Slice()
 		cancel()
 		if ride != nil {
 			ride(err == nil)
@@ -347,12 +386,12 @@ func (s *Store) Begin(ctx context.Context, sc Scope, fp string) (*Claim, *Respon
 		kind, _ := res[0].(string)
 		switch kind {
 		case "claimed":
-			return s.newClaim(key, owner, "", sent), nil, nil
+			return s.newClaim(key, owner, fp, "", sent), nil, nil
 		case "reclaimed":
 			prev, _ := res[1].(string)
 			s.reclaims.Inc()
 			s.log.Warn("idempotency key reclaimed after its owner's lease ran out", "key", sc.Key, "previous_owner", prev, "owner", owner)
-			c := s.newClaim(key, owner, prev, sent)
+			c := s.newClaim(key, owner, fp, prev, sent)
 			if len(res) > 2 {
 				age, _ := res[2].(string)
 				if ms, err := strconv.ParseInt(age, 10, 64); err == nil && ms >= 0 {
@@ -369,8 +408,16 @@ func (s *Store) Begin(ctx context.Context, sc Scope, fp string) (*Claim, *Respon
 			}
 			s.replays.Inc()
 			return nil, resp, nil
-		case "pending":
+		case "pending", "restored":
+			if kind == "restored" {
+				s.log.Warn("idempotency key vanished while its owner ran (redis restarted empty or was flushed); its pending claim restored",
+					"key", sc.Key, "owner", seenOwner)
+			}
 			remaining, _ := res[1].(string)
+			if len(res) > 3 {
+				seenOwner, _ = res[2].(string)
+				seenSince, _ = res[3].(string)
+			}
 			leaseLeft, _ := strconv.Atoi(remaining)
 			wait := min(pause, time.Duration(leaseLeft+1)*time.Millisecond)
 			if time.Now().Add(wait).After(deadline) {
@@ -439,7 +486,7 @@ func (s *Store) releaseLate(key, owner string) func(*redis.Cmd) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
 		defer cancel()
-		if err := s.cmd.Run(ctx, releaseScript, []string{key}, owner).Err(); err != nil {
+		if err := s.cmd.Run(ctx, releaseScript, []string{key}, owner, s.pendingTTL().Milliseconds()).Err(); err != nil {
 			s.log.Warn("idempotency claim answered too late not released; its lease runs out", "owner", owner, "error", err)
 		}
 	}
@@ -478,7 +525,10 @@ type Claim struct {
 	s        *Store
 	key      string
 	owner    string
+	fp       string
 	previous string
+	// sent is when the claim was sent to Redis.
+	sent time.Time
 	// previousAge is how long before this claim the key's first owner
 	// claimed it (0: unknown, or no previous owner).
 	previousAge time.Duration
@@ -495,8 +545,8 @@ type Claim struct {
 	heldUntil time.Time
 }
 
-func (s *Store) newClaim(key, owner, previous string, sent time.Time) *Claim {
-	c := &Claim{s: s, key: key, owner: owner, previous: previous, heldUntil: sent.Add(s.lease)}
+func (s *Store) newClaim(key, owner, fp, previous string, sent time.Time) *Claim {
+	c := &Claim{s: s, key: key, owner: owner, fp: fp, previous: previous, sent: sent, heldUntil: sent.Add(s.lease)}
 	c.mu.Lock()
 	c.timer = time.AfterFunc(s.lease/3, c.renew)
 	c.mu.Unlock()
@@ -538,7 +588,11 @@ func (c *Claim) renew() {
 	}
 	sent := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), c.s.lease/3)
-	ok, err := c.s.cmd.Run(ctx, renewScript, []string{c.key}, c.owner, c.s.lease.Milliseconds(), c.s.pendingTTL().Milliseconds()).Int()
+	// The key's first owner claimed it at most this long ago (should Redis
+	// have forgotten the record, see renewScript).
+	age := time.Since(c.sent) + c.previousAge
+	ok, err := c.s.cmd.Run(ctx, renewScript, []string{c.key}, c.owner, c.s.lease.Milliseconds(), c.s.pendingTTL().Milliseconds(),
+		c.fp, age.Milliseconds(), c.previous).Int()
 	cancel()
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -679,11 +733,11 @@ func (s *Store) storeFinishes(ctx context.Context, batch []queuedFinish) {
 // startFinishes sends the script call that stores batch.
 func (s *Store) startFinishes(ctx context.Context, batch []queuedFinish) *redisauto.Running {
 	keys := make([]string, len(batch))
-	args := make([]any, 0, 1+4*len(batch))
+	args := make([]any, 0, 1+5*len(batch))
 	args = append(args, s.ttl.Milliseconds())
 	for i, f := range batch {
 		keys[i] = f.c.key
-		args = append(args, f.c.owner, f.r.Status, f.header, f.r.Body)
+		args = append(args, f.c.owner, f.r.Status, f.header, f.r.Body, f.c.fp)
 	}
 	return s.cmd.Start(ctx, finishScript, keys, args...)
 }
@@ -742,7 +796,7 @@ func (s *Store) Close(ctx context.Context) error {
 // It returns [ErrNotOwner] when the claim was taken over meanwhile.
 func (c *Claim) Release(ctx context.Context) error {
 	c.stopRenewal()
-	ok, err := c.s.cmd.Run(ctx, releaseScript, []string{c.key}, c.owner).Int()
+	ok, err := c.s.cmd.Run(ctx, releaseScript, []string{c.key}, c.owner, c.s.pendingTTL().Milliseconds()).Int()
 	if err != nil {
 		return fmt.Errorf("%w: release: %w", ErrUnavailable, err)
 	}

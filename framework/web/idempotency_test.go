@@ -50,7 +50,7 @@ type idemOptions struct {
 	// blockForever makes idem-test:write:block hang (the crash child).
 	blockForever bool
 	// gate, when set, holds the first run of idem-test:write:gated before
-	// its first statement until it is closed.
+	// its first statement (of gated-locked: after it) until it is closed.
 	gate chan struct{}
 }
 
@@ -101,6 +101,18 @@ func setupIdem(t *testing.T, o idemOptions) *idemBundle {
 		}
 		return map[string]string{"note": in.Note}, tx.Append(framework.Stream{Type: "note", ID: randHex(8)}, framework.NoStream, noted.With(in))
 	}, nil)
+	// gated-locked is gated after its first statement: it holds the key's
+	// advisory lock (taken with BEGIN) while it waits.
+	framework.Write(f, "gated-locked", func(ctx context.Context, tx *framework.Tx, in idemPayload) (map[string]string, error) {
+		calls.Add(1)
+		if _, err := tx.Exec(ctx, `SELECT 1`); err != nil {
+			return nil, err
+		}
+		if gated.Add(1) == 1 && o.gate != nil {
+			<-o.gate
+		}
+		return map[string]string{"note": in.Note}, tx.Append(framework.Stream{Type: "note", ID: randHex(8)}, framework.NoStream, noted.With(in))
+	}, nil)
 	framework.Write(f, "panic", func(context.Context, *framework.Tx, idemPayload) (any, error) {
 		calls.Add(1)
 		panic("handler exploded")
@@ -119,11 +131,12 @@ func setupIdem(t *testing.T, o idemOptions) *idemBundle {
 	require.NoError(t, err)
 	keys, err := auth.NewKeyring([]auth.Key{{ID: "k1", Secret: secret}})
 	require.NoError(t, err)
-	store, err := idempotency.New(o.rdb, &idempotency.Config{Prefix: o.prefix, TTL: 10 * time.Minute, Lease: o.lease, WaitTimeout: 15 * time.Second})
+	logs := &lockedBuffer{}
+	logger := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	store, err := idempotency.New(o.rdb, &idempotency.Config{Prefix: o.prefix, TTL: 10 * time.Minute, Lease: o.lease, WaitTimeout: 15 * time.Second, Logger: logger})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, store.Close(context.Background())) }) // after the server closed
-	logs := &lockedBuffer{}
-	s := web.New(rt, keys, &web.Config{Logger: slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})), Idempotency: store})
+	s := web.New(rt, keys, &web.Config{Logger: logger, Idempotency: store})
 	srv := httptest.NewServer(s.Handler())
 	t.Cleanup(srv.Close)
 	return &idemBundle{
