@@ -44,9 +44,11 @@
 // one and claims it at once.
 //
 // Redis time is the clock of every lease, so API instances with skewed
-// clocks agree on them. Keys live for [Config].TTL (default 24 h) after the
-// claim, again after each renewal of its lease (so a request running longer
-// than the TTL keeps its key) and again after the finish. Every Redis failure is returned
+// clocks agree on them. Keys live for [Config].TTL (default 24 h) past the
+// end of the lease set by the claim, again by each renewal (so a request
+// running longer than the TTL keeps its key, and a dead owner's key is
+// remembered for the TTL after its lease ran out) and for the TTL after the
+// finish; a released key's record for a lease. Every Redis failure is returned
 // wrapped in [ErrUnavailable]: a keyed request must then not run.
 //
 // # Layout

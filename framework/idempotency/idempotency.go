@@ -164,6 +164,12 @@ func (s *Store) TTL() time.Duration { return s.ttl }
 // that owner committed, and run the write again.
 func (s *Store) pendingTTL() time.Duration { return s.lease + s.ttl }
 
+// releasedTTL is the expiry of a released fresh claim's record: as long as
+// a duplicate that saw the claim pending may still be waiting for it (and
+// at least a lease), so that it claims the key at once instead of taking
+// the record for one Redis forgot.
+func (s *Store) releasedTTL() time.Duration { return max(s.lease, s.wait) }
+
 // Scope names one key of one caller.
 type Scope struct {
 	// TenantID is the caller's tenant.
@@ -320,7 +326,8 @@ for i, key in ipairs(KEYS) do
   elseif r[1] and (r[1] ~= 'pending' or r[2] ~= ARGV[a]) then
     out[i] = 0
   else
-    redis.call('HSET', key, 'state', 'done', 'owner', ARGV[a], 'fp', ARGV[a + 4], 'status', ARGV[a + 1], 'header', ARGV[a + 2], 'body', ARGV[a + 3])
+    if not r[1] then redis.call('HSET', key, 'owner', ARGV[a], 'fp', ARGV[a + 4]) end
+    redis.call('HSET', key, 'state', 'done', 'status', ARGV[a + 1], 'header', ARGV[a + 2], 'body', ARGV[a + 3])
     redis.call('HDEL', key, 'lease')
     redis.call('PEXPIRE', key, ARGV[1])
     out[i] = 1
@@ -329,9 +336,10 @@ end
 return out`)
 
 // releaseScript: KEYS[1] record; ARGV owner, expiry ms of a released
-// fresh claim. A fresh claim becomes a 'released' record, which the next
-// claim takes afresh (whatever its fingerprint): a duplicate that saw the
-// key pending tells it from a record Redis forgot (see claimScript). A
+// fresh claim ([Store.releasedTTL]). A fresh claim
+// becomes a 'released' record, which the next claim takes afresh (whatever
+// its fingerprint): a duplicate that saw the key pending tells it from a
+// record Redis forgot (see claimScript). A
 // reclaimed one (it has 'prev') keeps its record with the lease run out,
 // so that the next request reclaims it at once and still checks for the
 // dead owner's writes (a fresh claim would skip that check; 'since' keeps
@@ -486,7 +494,7 @@ func (s *Store) releaseLate(key, owner string) func(*redis.Cmd) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
 		defer cancel()
-		if err := s.cmd.Run(ctx, releaseScript, []string{key}, owner, s.pendingTTL().Milliseconds()).Err(); err != nil {
+		if err := s.cmd.Run(ctx, releaseScript, []string{key}, owner, s.releasedTTL().Milliseconds()).Err(); err != nil {
 			s.log.Warn("idempotency claim answered too late not released; its lease runs out", "owner", owner, "error", err)
 		}
 	}
@@ -796,7 +804,7 @@ func (s *Store) Close(ctx context.Context) error {
 // It returns [ErrNotOwner] when the claim was taken over meanwhile.
 func (c *Claim) Release(ctx context.Context) error {
 	c.stopRenewal()
-	ok, err := c.s.cmd.Run(ctx, releaseScript, []string{c.key}, c.owner, c.s.pendingTTL().Milliseconds()).Int()
+	ok, err := c.s.cmd.Run(ctx, releaseScript, []string{c.key}, c.owner, c.s.releasedTTL().Milliseconds()).Int()
 	if err != nil {
 		return fmt.Errorf("%w: release: %w", ErrUnavailable, err)
 	}
