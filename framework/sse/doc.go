@@ -60,6 +60,15 @@
 // is set by [Hub.Prime] at the visibility horizon, so even the first clients
 // of a fresh process get everything.
 //
+// While it replays, the client does not take its buffer, so under steady
+// writes a long replay can fill it. That does not drop the client: the
+// buffer is emptied, and once the replay reached P the handler notes the
+// hub's position again and replays on from the table up to there, in rounds,
+// each replaying what arrived during the one before, until one ends with
+// every live event since in the buffer (and room for more); then it goes
+// live. A client that reads faster than events arrive thus always reaches
+// live, however far behind it resumed, without a gap or a duplicate.
+//
 // A malformed id (a lastEventId parameter given empty, without the header,
 // among them), or one that does not name an event of this log visible to
 // the caller's tenant (the event at the id's position must exist, belong to
@@ -72,7 +81,8 @@
 // # Slow clients
 //
 // Each client has a bounded buffer (Config.Buffer frames). When an event
-// finds it full, or 32 KB of a write do not go out within
+// finds it full once the client is live (not while it replays, see Resume),
+// or 32 KB of a write do not go out within
 // Config.WriteTimeout (the client stopped reading), the client is
 // disconnected at once; it reconnects with its last id and catches up by
 // replay. One goroutine of the hub fans the events out, a batch at a time

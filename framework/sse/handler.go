@@ -96,7 +96,7 @@ func (h *Hub) Serve(c echo.Context) error {
 	// The controller of the underlying writer: echo.Response.Flush swallows
 	// errors.
 	rc := http.NewResponseController(w.Writer)
-	sub, err := h.subscribe(p.TenantID, filter, func() { _ = rc.SetWriteDeadline(time.Unix(1, 0)) })
+	sub, err := h.subscribe(p.TenantID, filter, resume, func() { _ = rc.SetWriteDeadline(time.Unix(1, 0)) })
 	if err != nil {
 		return &framework.Error{Code: framework.CodeUnavailable, Message: "the event stream is shutting down", Err: err}
 	}
@@ -144,7 +144,7 @@ func (s *stream) run(ctx context.Context, c echo.Context, tenant string, f Filte
 	}
 	if resume {
 		stopBeats := s.beatDuringReplay(ctx)
-		err := s.h.replay(ctx, tenant, f, s.last, s.sub.from, s)
+		err := s.replay(ctx, tenant, f)
 		stopBeats()
 		if err != nil {
 			switch {
@@ -163,6 +163,26 @@ func (s *stream) run(ctx context.Context, c echo.Context, tenant string, f Filte
 		s.last = s.sub.from
 	}
 	s.live(ctx)
+}
+
+// replay replays the events after the client's cursor up to its
+// subscription's position, and on in rounds while its queue overflowed
+// during the previous one (see Hub.rejoin), until it can continue live.
+func (s *stream) replay(ctx context.Context, tenant string, f Filter) error {
+	upTo := s.sub.from
+	for {
+		if err := s.h.replay(ctx, tenant, f, s.last, upTo, s); err != nil {
+			return err
+		}
+		// Everything up to upTo is sent or not wanted.
+		if s.last.Less(upTo) {
+			s.last = upTo
+		}
+		var again bool
+		if upTo, again = s.h.rejoin(s.sub); !again {
+			return nil
+		}
+	}
 }
 
 // beatDuringReplay writes a heartbeat every Config.Heartbeat until the
@@ -309,7 +329,8 @@ func (h *Hub) inTenant(ctx context.Context, tenant string, fn func(db eventstore
 }
 
 // replay writes the tenant's events after cursor up to and including upTo
-// (the hub's position when the client subscribed), page by page, each page
+// (the hub's position when the client subscribed, or rejoined after a
+// round whose live events overflowed its buffer), page by page, each page
 // in its own short tenant-scoped read. Every event up to upTo is final and
 // below the horizon; the later ones reach the client through the hub. It
 // stops with ErrClosed when the hub closes (a large backlog read by a slow

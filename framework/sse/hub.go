@@ -30,9 +30,11 @@ const DefaultBuffer = 1024
 // Config tunes [New]. A nil *Config means the defaults.
 type Config struct {
 	// Buffer is the most frames queued per client (the queue grows on
-	// demand). A client whose queue is full when an event arrives is
+	// demand). A live client whose queue is full when an event arrives is
 	// disconnected (it reconnects with its last id and catches up from the
-	// events table), so one slow client never delays the others. Keep it
+	// events table), so one slow client never delays the others; a client
+	// still replaying a backlog is not, it replays on from the table
+	// instead. Keep it
 	// above the dispatcher's batch size: one pass publishes a whole batch
 	// at once (the entrypoint makes it at least twice that). Half of it
 	// also bounds the published events waiting for the hub's fan-out,
@@ -352,10 +354,19 @@ type subscriber struct {
 	wmu sync.Mutex
 	// writing is true while the handler writes (on wmu).
 	writing bool
-	// from is the hub's position when the client subscribed: the client
-	// gets every later event through its queue (and maybe some earlier
-	// ones still being fanned out, which the handler skips).
+	// from is the hub's position when the client subscribed, or when it
+	// rejoined after a replay round (on the hub's mu): the client gets
+	// every later event through its queue (and maybe some earlier ones
+	// still being fanned out, which the handler skips).
 	from eventstore.Cursor
+	// replaying is true while the handler replays from the events table
+	// and does not take the queue (on the hub's mu). An overflow then does
+	// not drop the client: the queue is discarded and lost set, and the
+	// handler replays on from the table (see Hub.rejoin).
+	replaying bool
+	// lost is true when the queue overflowed during the replay round (on
+	// the hub's mu): frames after from are missing from it.
+	lost bool
 }
 
 // push queues fs and reports false when they do not fit.
@@ -512,7 +523,17 @@ func (h *Hub) deliverLocked(batch []framework.Envelope, sc *fanScratch) {
 				}
 				sc.add = append(sc.add, sc.frames[i])
 			}
-			if len(sc.add) > 0 && !s.push(sc.add) {
+			if len(sc.add) == 0 || s.lost {
+				continue
+			}
+			if !s.push(sc.add) {
+				if s.replaying {
+					// Reading a replay, not the queue: not slow. The
+					// table has what does not fit; rejoin replays it.
+					s.lost = true
+					s.discard()
+					continue
+				}
 				h.dropLocked(s)
 			}
 		}
@@ -520,16 +541,27 @@ func (h *Hub) deliverLocked(batch []framework.Envelope, sc *fanScratch) {
 	clear(sc.add)
 }
 
+// discard empties the queue (an overflow during a replay: the frames are
+// replayed from the table instead).
+func (s *subscriber) discard() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	clear(s.queue)
+	s.queue = nil
+}
+
 // subscribe adds a client of tenant with filter f; kill cuts its blocked
-// writes short when the hub drops it.
-func (h *Hub) subscribe(tenant string, f Filter, kill func()) (*subscriber, error) {
+// writes short when the hub drops it. A client that replays first
+// (replaying) is not dropped when its queue overflows before it calls
+// rejoin.
+func (h *Hub) subscribe(tenant string, f Filter, replaying bool, kill func()) (*subscriber, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
 		return nil, ErrClosed
 	}
 	s := &subscriber{tenant: tenant, filter: f, limit: h.cfg.Buffer, notify: make(chan struct{}, 1),
-		gone: make(chan struct{}), kill: kill, from: h.last}
+		gone: make(chan struct{}), kill: kill, from: h.last, replaying: replaying}
 	set := h.tenants[tenant]
 	if set == nil {
 		set = map[*subscriber]struct{}{}
@@ -539,6 +571,40 @@ func (h *Hub) subscribe(tenant string, f Filter, kill func()) (*subscriber, erro
 	h.count++
 	h.clients.Inc()
 	return s, nil
+}
+
+// rejoin ends a replay round of s, which replayed the events up to s.from.
+// When s's queue holds every event since s.from and leaves room for a
+// fan-out round (Publish's bound), rejoin ends the replay (from now on an
+// overflow drops the client, as a slow live client) and returns false: the
+// handler goes live. Otherwise (the queue overflowed during the round, so
+// it misses events, or it is too full to take the next round before the
+// handler empties it) rejoin empties the queue, moves s.from to the hub's
+// position (every event up to it is final and in the table; the later ones
+// reach the queue) and returns true with it: the handler replays up to
+// there too, and calls rejoin again.
+//
+// Each round replays only what arrived during the previous one, so a client
+// that reads faster than events arrive needs ever shorter rounds and
+// reaches live, however far behind it resumed.
+func (h *Hub) rejoin(s *subscriber) (eventstore.Cursor, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !s.lost && s.queued() <= s.limit-h.maxPending {
+		s.replaying = false
+		return s.from, false
+	}
+	s.lost = false
+	s.discard()
+	s.from = h.last
+	return s.from, true
+}
+
+// queued returns the number of frames in the queue.
+func (s *subscriber) queued() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.queue)
 }
 
 // unsubscribe removes a client (a no-op when it was dropped).
