@@ -71,7 +71,7 @@ func (rt *Runtime) KeyedEvents(ctx context.Context, p Principal, key string, win
 	}
 	defer conn.Release()
 	var out []KeyedEvent
-	_, err = rt.runOn(ctx, conn, p.TenantID, p, Metadata{UserID: p.UserID}, true, nil, time.Time{}, func(ctx context.Context, tx *Tx) error {
+	_, err = rt.runOn(ctx, conn, p.TenantID, p, Metadata{UserID: p.UserID}, true, nil, keyedGuard{}, func(ctx context.Context, tx *Tx) error {
 		// Wait for a keyed write of the dead owner that may still be
 		// under way in the database (its process is gone, its backend
 		// not yet: a statement waiting for a lock, with the COMMIT
@@ -100,9 +100,11 @@ func (rt *Runtime) KeyedEvents(ctx context.Context, p Principal, key string, win
 // keyedGuardSQL fails (invalid_text_representation, with the message
 // keyedGuardMessage) when events with the key of another owner of the user
 // were committed since $5: this owner's claim was taken over, and the
-// newer owner ran the write. It runs in the write's transaction, after the
-// key's advisory lock (taken with BEGIN), so that it sees what such an
-// owner committed before; one that takes the key over later waits for this
+// newer owner ran the write, or this owner took the key over and its
+// previous owner, still running, committed the write after all (see
+// keyedGuard). It runs in the write's transaction, after the key's
+// advisory lock (taken with BEGIN), so that it sees what such an owner
+// committed before; one that takes the key over later waits for this
 // transaction in its KeyedEvents. The bound keeps the index scan of a
 // healthy claim empty (it lies in the future).
 const keyedGuardSQL = `SELECT CASE WHEN n > 0 THEN ('` + keyedGuardMessage + `' || n)::int END FROM (
@@ -126,10 +128,47 @@ func queueKeyedGuard(b *pgx.Batch, tenant string, meta Metadata, since time.Time
 	})
 }
 
+// keyedGuard says when a keyed write checks before its COMMIT for events
+// of another owner with its key (keyedGuardSQL).
+type keyedGuard struct {
+	// leaseUntil is [Call].IdempotencyLeaseUntil.
+	leaseUntil time.Time
+	// reclaimedSince is [Call].IdempotencyReclaimedSince.
+	reclaimedSince time.Time
+}
+
+func (c Call) keyedGuard() keyedGuard {
+	return keyedGuard{leaseUntil: c.IdempotencyLeaseUntil, reclaimedSince: c.IdempotencyReclaimedSince}
+}
+
+// since reports whether the write of meta checks at now, and since when.
+// A write that took its key over always checks, since the key's first
+// claim: the previous owner may have begun its transaction only after this
+// owner's look for its events (which waits for the advisory lock of an
+// open one, not for one still to come) and committed since. Otherwise only
+// a claim whose lease may have ended by now can have been taken over before
+// this transaction's advisory lock (taken earlier, with BEGIN); one taken
+// over later waits for the lock and sees this write's events. So a fresh
+// claim's write that ends within its lease, nearly all of them, queues no
+// guard.
+func (g keyedGuard) since(meta Metadata, now time.Time) (time.Time, bool) {
+	switch {
+	case meta.IdempotencyReclaimedFrom != "":
+		return g.reclaimedSince, true
+	case !g.leaseUntil.IsZero() && !now.Before(g.leaseUntil):
+		return g.leaseUntil, true
+	}
+	return time.Time{}, false
+}
+
 // errKeyTakenOver is the error of a keyed write that keyedGuardSQL stopped.
-func errKeyTakenOver(key string) error {
-	return &Error{Code: CodeConflict,
-		Message: "this request's claim of its idempotency key ran out while it ran, and another request with the key " +
-			"took it over and committed the write; nothing of this request was committed",
-		Details: map[string]any{"idempotencyKey": key, "committed": true}}
+func errKeyTakenOver(meta Metadata) error {
+	msg := "this request's claim of its idempotency key ran out while it ran, and another request with the key " +
+		"took it over and committed the write; nothing of this request was committed"
+	if meta.IdempotencyReclaimedFrom != "" {
+		msg = "this request took its idempotency key over from an owner whose claim had run out, and that owner " +
+			"(or another request with the key) committed the write while this request ran; nothing of this request was committed"
+	}
+	return &Error{Code: CodeConflict, Message: msg,
+		Details: map[string]any{"idempotencyKey": meta.IdempotencyKey, "committed": true}}
 }

@@ -147,6 +147,16 @@ type Call struct {
 	// ran, and the owner that took the key over ran the write), nothing is
 	// committed and the write fails with CodeConflict.
 	IdempotencyLeaseUntil time.Time
+	// IdempotencyReclaimedSince is, for a call whose owner took the key
+	// over (IdempotencyReclaimedFrom is set), when the key was first
+	// claimed, at the earliest (zero: any time). The previous owner may
+	// still run and commit the write after this owner found nothing of it
+	// (it had not yet begun its transaction, so the check did not wait for
+	// it): such a write checks before its COMMIT, under the key's advisory
+	// lock, that no other owner committed events with the key since then;
+	// if one did, nothing is committed and the write fails with
+	// CodeConflict. A fresh claim (no previous owner) runs no such check.
+	IdempotencyReclaimedSince time.Time
 	// ConsistencyToken is the token of an earlier write (see
 	// [Runtime.WriteWithToken]); a query that carries one reads that write
 	// or a later state, and skips the query cache.
@@ -254,7 +264,7 @@ func (rt *Runtime) write(ctx context.Context, call Call, cmds []Command, withTok
 	// same streams in different command orders then lock them in one order
 	// and cannot deadlock. Each append remembers its command, so a failed
 	// append (a version conflict) is still attributed to it.
-	_, err := rt.inTx(ctx, call.Principal.TenantID, call.Principal, call.metadata(), token, call.IdempotencyLeaseUntil, func(ctx context.Context, tx *Tx) error {
+	_, err := rt.inTx(ctx, call.Principal.TenantID, call.Principal, call.metadata(), token, call.keyedGuard(), func(ctx context.Context, tx *Tx) error {
 		wtx = tx
 		for i, c := range cmds {
 			tx.cmd = i
@@ -434,7 +444,7 @@ func pgErrorDetail(err error) string {
 // transaction.
 func (rt *Runtime) queryOn(ctx context.Context, conn *pgxpool.Conn, call Call, d *queryDef, in any) (any, error) {
 	var out any
-	_, err := rt.runOn(ctx, conn, call.Principal.TenantID, call.Principal, call.metadata(), true, nil, time.Time{}, func(ctx context.Context, tx *Tx) error {
+	_, err := rt.runOn(ctx, conn, call.Principal.TenantID, call.Principal, call.metadata(), true, nil, keyedGuard{}, func(ctx context.Context, tx *Tx) error {
 		var err error
 		out, err = d.run(ctx, tx, in)
 		return err
@@ -480,13 +490,13 @@ func (rt *Runtime) acquireRead(ctx context.Context, token string) (*pgxpool.Conn
 // tenants) with the given metadata, writes its buffered events (running
 // inline projections) and commits. It returns the number of events written.
 func (rt *Runtime) InTx(ctx context.Context, tenant string, meta Metadata, fn func(ctx context.Context, tx *Tx) error) (int, error) {
-	return rt.inTx(ctx, tenant, Principal{UserID: meta.UserID, TenantID: tenant}, meta, nil, time.Time{}, fn)
+	return rt.inTx(ctx, tenant, Principal{UserID: meta.UserID, TenantID: tenant}, meta, nil, keyedGuard{}, fn)
 }
 
 // inTx runs fn in a writing transaction on the primary; a non-nil token
-// receives the commit's consistency token. A non-zero leaseUntil guards a
-// keyed write's COMMIT (see [Call].IdempotencyLeaseUntil).
-func (rt *Runtime) inTx(ctx context.Context, tenant string, p Principal, meta Metadata, token *string, leaseUntil time.Time, fn func(ctx context.Context, tx *Tx) error) (int, error) {
+// receives the commit's consistency token. guard guards a keyed write's
+// COMMIT (see [keyedGuard]).
+func (rt *Runtime) inTx(ctx context.Context, tenant string, p Principal, meta Metadata, token *string, guard keyedGuard, fn func(ctx context.Context, tx *Tx) error) (int, error) {
 	if reason := rt.WritesBlocked(); reason != nil {
 		return 0, &Error{Code: CodeUnavailable, Message: "writes are paused until an operator repairs the database (see the server log)", Err: reason}
 	}
@@ -495,7 +505,7 @@ func (rt *Runtime) inTx(ctx context.Context, tenant string, p Principal, meta Me
 		return 0, &Error{Code: CodeUnavailable, Message: "database unavailable", Err: err}
 	}
 	defer conn.Release()
-	return rt.runOn(ctx, conn, tenant, p, meta, false, token, leaseUntil, func(ctx context.Context, tx *Tx) error {
+	return rt.runOn(ctx, conn, tenant, p, meta, false, token, guard, func(ctx context.Context, tx *Tx) error {
 		if err := fn(ctx, tx); err != nil {
 			return err
 		}
@@ -510,9 +520,9 @@ func (rt *Runtime) inTx(ctx context.Context, tenant string, p Principal, meta Me
 // runOn begins a scoped transaction on conn, runs fn and commits,
 // pipelining buffered appends with the COMMIT. A non-nil token receives the
 // WAL insert position read right after the COMMIT in the same pipeline.
-// A non-zero leaseUntil queues the check of a keyed write's claim before
-// the COMMIT (see [Call].IdempotencyLeaseUntil).
-func (rt *Runtime) runOn(ctx context.Context, conn *pgxpool.Conn, tenant string, p Principal, meta Metadata, readOnly bool, token *string, leaseUntil time.Time, fn func(ctx context.Context, tx *Tx) error) (int, error) {
+// guard may queue the check of a keyed write's claim before the COMMIT
+// (see [keyedGuard]).
+func (rt *Runtime) runOn(ctx context.Context, conn *pgxpool.Conn, tenant string, p Principal, meta Metadata, readOnly bool, token *string, guard keyedGuard, fn func(ctx context.Context, tx *Tx) error) (int, error) {
 	// BEGIN and the tenant scope travel with the transaction's first
 	// statement (or with the COMMIT batch): one round trip less.
 	opts := tenancy.Options{ReadOnly: readOnly}
@@ -544,13 +554,10 @@ func (rt *Runtime) runOn(ctx context.Context, conn *pgxpool.Conn, tenant string,
 		return 0, err
 	}
 	takenOver := false
-	if !readOnly && meta.IdempotencyKey != "" && !leaseUntil.IsZero() && !time.Now().Before(leaseUntil) {
-		// Only a claim whose lease may have ended by now can have been
-		// taken over before this transaction's advisory lock (taken
-		// earlier, with BEGIN); one taken over later waits for the lock
-		// and sees this write's events. So a write that ends within its
-		// lease, nearly all of them, queues no guard.
-		queueKeyedGuard(b, tenant, meta, leaseUntil, &takenOver)
+	if !readOnly && meta.IdempotencyKey != "" {
+		if since, ok := guard.since(meta, time.Now()); ok {
+			queueKeyedGuard(b, tenant, meta, since, &takenOver)
+		}
 	}
 	committed := false
 	b.Queue("COMMIT").Exec(func(ct pgconn.CommandTag) error {
@@ -573,7 +580,7 @@ func (rt *Runtime) runOn(ctx context.Context, conn *pgxpool.Conn, tenant string,
 		if !committed {
 			rollback(conn.Conn())
 			if takenOver {
-				return 0, errKeyTakenOver(meta.IdempotencyKey)
+				return 0, errKeyTakenOver(meta)
 			}
 			if endedBeforeCommit(err) || readOnly {
 				// The server ended the connection with an error before the

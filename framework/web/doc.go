@@ -34,7 +34,9 @@
 // recorded in the metadata (idempotencyKey, idempotencyOwner,
 // idempotencyReclaimedFrom) of the events the write appends; a request that takes over the key of an owner that died (its
 // lease ran out) looks for them first and does not run a write that
-// committed again: it is answered 409 conflict listing those events. See
+// committed again: it is answered 409 conflict listing those events; should
+// that owner still run and commit the write while the request runs, the
+// request commits nothing and is answered 409 conflict too. See
 // framework/idempotency for the protocol.
 //
 // # Read-your-writes

@@ -40,7 +40,10 @@ const keyIdempotencyClaim = "kumiko.web.idempotency_claim"
 // metadata.
 type claimedKey struct {
 	key, owner, reclaimedFrom string
-	claim                     *idempotency.Claim
+	// reclaimedSince is, for a key taken over, when it was first claimed,
+	// at the earliest ([framework.Call].IdempotencyReclaimedSince).
+	reclaimedSince time.Time
+	claim          *idempotency.Claim
 }
 
 // finishTimeout bounds storing a response in the idempotency store.
@@ -146,12 +149,14 @@ func (s *Server) idempotent(next echo.HandlerFunc) echo.HandlerFunc {
 		if replay != nil {
 			return s.replay(c, key, replay)
 		}
+		var reclaimedSince time.Time
 		if claim.PreviousOwner() != "" {
+			reclaimedSince = time.Now().Add(-s.reclaimWindow(claim))
 			if next, err = s.unlessCommitted(c, next, claim, p, key); err != nil {
 				return err
 			}
 		}
-		return s.runClaimed(c, next, claim, key)
+		return s.runClaimed(c, next, claim, key, reclaimedSince)
 	}
 }
 
@@ -184,14 +189,7 @@ const (
 func (s *Server) unlessCommitted(c echo.Context, next echo.HandlerFunc, claim *idempotency.Claim, p framework.Principal, key string) (echo.HandlerFunc, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.Request().Context()), committedCheckTimeout)
 	defer cancel()
-	// A dead owner committed, if at all, after the first owner claimed the key: the
-	// events of that span (plus a margin for the time between Redis's
-	// clock reading and Postgres's) are all to look at, not a TTL's worth.
-	window := s.idem.TTL()
-	if since := claim.PreviousSince(); since > 0 {
-		window = since + committedCheckMargin
-	}
-	evs, err := s.rt.KeyedEvents(ctx, p, key, window)
+	evs, err := s.rt.KeyedEvents(ctx, p, key, s.reclaimWindow(claim))
 	if err != nil {
 		claim.Abandon()
 		return nil, err
@@ -208,6 +206,18 @@ func (s *Server) unlessCommitted(c echo.Context, next echo.HandlerFunc, claim *i
 				"(details list the events it committed)",
 			Details: map[string]any{"idempotencyKey": key, "committed": true, "events": evs}}
 	}, nil
+}
+
+// reclaimWindow is the span before now in which the previous owners of a
+// key taken over may have committed: a dead owner committed, if at all,
+// after the first owner claimed the key, so the events of that span (plus
+// a margin for the time between Redis's clock reading and Postgres's) are
+// all to look at, not a TTL's worth.
+func (s *Server) reclaimWindow(claim *idempotency.Claim) time.Duration {
+	if since := claim.PreviousSince(); since > 0 {
+		return since + committedCheckMargin
+	}
+	return s.idem.TTL()
 }
 
 // fingerprint hashes the route and every command's type and canonical
@@ -317,8 +327,9 @@ var unreplayed = []string{HeaderRequestID, HeaderCorrelationID, "Content-Length"
 
 // runClaimed runs the request under its claim, stores its response and
 // sends it.
-func (s *Server) runClaimed(c echo.Context, next echo.HandlerFunc, claim *idempotency.Claim, key string) error {
-	c.Set(keyIdempotencyClaim, claimedKey{key: key, owner: claim.Owner(), reclaimedFrom: claim.PreviousOwner(), claim: claim})
+func (s *Server) runClaimed(c echo.Context, next echo.HandlerFunc, claim *idempotency.Claim, key string, reclaimedSince time.Time) error {
+	c.Set(keyIdempotencyClaim, claimedKey{key: key, owner: claim.Owner(), reclaimedFrom: claim.PreviousOwner(),
+		reclaimedSince: reclaimedSince, claim: claim})
 	if s.logger.Enabled(c.Request().Context(), slog.LevelDebug) {
 		s.logger.Debug("idempotency key claimed", "request_id", RequestID(c), "idempotency_key", key,
 			"owner", claim.Owner(), "previous_owner", claim.PreviousOwner())

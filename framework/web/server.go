@@ -203,7 +203,7 @@ func CallFrom(c echo.Context) framework.Call {
 	k, _ := c.Get(keyIdempotencyClaim).(claimedKey)
 	call := framework.Call{Principal: p, RequestID: RequestID(c), CorrelationID: CorrelationID(c),
 		IdempotencyKey: k.key, IdempotencyOwner: k.owner, IdempotencyReclaimedFrom: k.reclaimedFrom,
-		ConsistencyToken: c.Request().Header.Get(HeaderConsistencyToken)}
+		IdempotencyReclaimedSince: k.reclaimedSince, ConsistencyToken: c.Request().Header.Get(HeaderConsistencyToken)}
 	if k.claim != nil {
 		// Less the margin between this process's clock and Postgres's.
 		call.IdempotencyLeaseUntil = k.claim.HeldUntil().Add(-committedCheckMargin)
