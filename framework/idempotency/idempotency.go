@@ -394,19 +394,19 @@ func (s *Store) Begin(ctx context.Context, sc Scope, fp string) (*Claim, *Respon
 		kind, _ := res[0].(string)
 		switch kind {
 		case "claimed":
-			return s.newClaim(key, owner, fp, "", sent), nil, nil
+			return s.newClaim(key, owner, fp, "", 0, sent), nil, nil
 		case "reclaimed":
 			prev, _ := res[1].(string)
 			s.reclaims.Inc()
 			s.log.Warn("idempotency key reclaimed after its owner's lease ran out", "key", sc.Key, "previous_owner", prev, "owner", owner)
-			c := s.newClaim(key, owner, fp, prev, sent)
+			var previousAge time.Duration
 			if len(res) > 2 {
 				age, _ := res[2].(string)
 				if ms, err := strconv.ParseInt(age, 10, 64); err == nil && ms >= 0 {
-					c.previousAge = time.Duration(ms) * time.Millisecond
+					previousAge = time.Duration(ms) * time.Millisecond
 				}
 			}
-			return c, nil, nil
+			return s.newClaim(key, owner, fp, prev, previousAge, sent), nil, nil
 		case "mismatch":
 			return nil, nil, ErrKeyReused
 		case "done":
@@ -553,8 +553,10 @@ type Claim struct {
 	heldUntil time.Time
 }
 
-func (s *Store) newClaim(key, owner, fp, previous string, sent time.Time) *Claim {
-	c := &Claim{s: s, key: key, owner: owner, fp: fp, previous: previous, sent: sent, heldUntil: sent.Add(s.lease)}
+// newClaim returns the claim and starts its renewals: every field they
+// read is set before.
+func (s *Store) newClaim(key, owner, fp, previous string, previousAge time.Duration, sent time.Time) *Claim {
+	c := &Claim{s: s, key: key, owner: owner, fp: fp, previous: previous, previousAge: previousAge, sent: sent, heldUntil: sent.Add(s.lease)}
 	c.mu.Lock()
 	c.timer = time.AfterFunc(s.lease/3, c.renew)
 	c.mu.Unlock()
