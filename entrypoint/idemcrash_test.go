@@ -7,11 +7,40 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kumiko-go/kumiko/framework/kumikotest"
 	"github.com/kumiko-go/kumiko/internal/redistest"
 )
+
+// keyedCrashAPIs starts two api processes, api-1 and api-2 (with the
+// extra settings env1 and env2), on db and a private Redis, waits until
+// both are ready and returns them with a client of that Redis.
+func keyedCrashAPIs(t *testing.T, db *kumikotest.DB, env1, env2 []string) (api1, api2 *proc, rdb *redis.Client) {
+	t.Helper()
+	rds := redistest.Start(t)
+	redisURL := "redis://" + rds.Addr() + "/0"
+	api1 = start(t, "api-1", procEnv("api", db.URL, redisURL, "api-1", env1...))
+	api2 = start(t, "api-2", procEnv("api", db.URL, redisURL, "api-2", env2...))
+	api1.waitReady(t)
+	api2.waitReady(t)
+	return api1, api2, rds.Client()
+}
+
+// holdAppends makes every append to db wait: a SHARE lock on the events
+// table, held until the returned transaction ends (at the latest when the
+// test ends).
+func holdAppends(t *testing.T, db *kumikotest.DB) pgx.Tx {
+	t.Helper()
+	hold, err := db.Pool.Begin(context.Background())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = hold.Rollback(context.Background()) })
+	_, err = hold.Exec(context.Background(), `LOCK TABLE events IN SHARE MODE`)
+	require.NoError(t, err)
+	return hold
+}
 
 // postKeyed sends a keyed write (Idempotency-Key key) of tenant's user.
 func postKeyed(ctx context.Context, t *testing.T, url, tenant, key string, body any) (int, []byte, error) {
@@ -28,13 +57,7 @@ func postKeyed(ctx context.Context, t *testing.T, url, tenant, key string, body 
 func TestKeyedWriteCommittedByAKilledProcessDoesNotRunAgain(t *testing.T) {
 	t.Parallel()
 	db := kumikotest.NewDB(t)
-	rds := redistest.Start(t)
-	rdb := rds.Client()
-	redisURL := "redis://" + rds.Addr() + "/0"
-	api1 := start(t, "api-1", procEnv("api", db.URL, redisURL, "api-1"))
-	api2 := start(t, "api-2", procEnv("api", db.URL, redisURL, "api-2"))
-	api1.waitReady(t)
-	api2.waitReady(t)
+	api1, api2, rdb := keyedCrashAPIs(t, db, nil, nil)
 	ctx := context.Background()
 
 	const key = "order-crash-0001"
@@ -48,11 +71,7 @@ func TestKeyedWriteCommittedByAKilledProcessDoesNotRunAgain(t *testing.T) {
 
 	// Hold the write between its claim and its commit: a SHARE lock on
 	// the events table blocks its append.
-	hold, err := db.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = hold.Rollback(ctx) }()
-	_, err = hold.Exec(ctx, `LOCK TABLE events IN SHARE MODE`)
-	require.NoError(t, err)
+	hold := holdAppends(t, db)
 
 	type answer struct {
 		code int
@@ -116,16 +135,10 @@ func TestKeyedWriteCommittedByAKilledProcessDoesNotRunAgain(t *testing.T) {
 func TestKeyedWriteOfAKilledProcessBlockedInTheDatabaseDoesNotCommitLater(t *testing.T) {
 	t.Parallel()
 	db := kumikotest.NewDB(t)
-	rds := redistest.Start(t)
-	rdb := rds.Client()
-	redisURL := "redis://" + rds.Addr() + "/0"
 	// One connection, which the warm-up writes below have run the write's
 	// statements on: they are prepared there, so the whole transaction up
 	// to its COMMIT goes out in one pipeline.
-	api1 := start(t, "api-1", procEnv("api", db.URL, redisURL, "api-1", "DATABASE_POOL_MAX", "1"))
-	api2 := start(t, "api-2", procEnv("api", db.URL, redisURL, "api-2"))
-	api1.waitReady(t)
-	api2.waitReady(t)
+	api1, api2, rdb := keyedCrashAPIs(t, db, []string{"DATABASE_POOL_MAX", "1"}, nil)
 	ctx := context.Background()
 	for range 3 {
 		api1.place(t, "acme", "warm-up")
@@ -146,11 +159,7 @@ func TestKeyedWriteOfAKilledProcessBlockedInTheDatabaseDoesNotCommitLater(t *tes
 		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`
 
 	// Every append waits: a SHARE lock on the events table.
-	hold, err := db.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = hold.Rollback(ctx) }()
-	_, err = hold.Exec(ctx, `LOCK TABLE events IN SHARE MODE`)
-	require.NoError(t, err)
+	hold := holdAppends(t, db)
 
 	go func() {
 		rctx, cancel := context.WithTimeout(ctx, wait)
@@ -204,13 +213,8 @@ func TestKeyedWriteOfAKilledProcessBlockedInTheDatabaseDoesNotCommitLater(t *tes
 func TestKeyedWriteOfAKilledProcessIsRememberedPastItsLease(t *testing.T) {
 	t.Parallel()
 	db := kumikotest.NewDB(t)
-	rds := redistest.Start(t)
-	rdb := rds.Client()
-	redisURL := "redis://" + rds.Addr() + "/0"
-	api1 := start(t, "api-1", procEnv("api", db.URL, redisURL, "api-1", "KUMIKO_IDEMPOTENCY_TTL", "30s"))
-	api2 := start(t, "api-2", procEnv("api", db.URL, redisURL, "api-2", "KUMIKO_IDEMPOTENCY_TTL", "30s"))
-	api1.waitReady(t)
-	api2.waitReady(t)
+	ttl := []string{"KUMIKO_IDEMPOTENCY_TTL", "30s"}
+	api1, api2, rdb := keyedCrashAPIs(t, db, ttl, ttl)
 	ctx := context.Background()
 
 	const key = "order-crash-0003"
@@ -222,11 +226,7 @@ func TestKeyedWriteOfAKilledProcessIsRememberedPastItsLease(t *testing.T) {
 		return n
 	}
 
-	hold, err := db.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = hold.Rollback(ctx) }()
-	_, err = hold.Exec(ctx, `LOCK TABLE events IN SHARE MODE`)
-	require.NoError(t, err)
+	hold := holdAppends(t, db)
 	first := make(chan int, 1)
 	go func() {
 		rctx, cancel := context.WithTimeout(ctx, wait)
