@@ -94,15 +94,7 @@ func TestSIGTERMDuringAWriteBurst(t *testing.T) {
 	wg.Wait()
 	require.Equal(t, 0, code)
 
-	counts := map[string]int{}
-	rows, err := db.Pool.Query(context.Background(), `SELECT customer FROM orders`)
-	require.NoError(t, err)
-	for rows.Next() {
-		var c string
-		require.NoError(t, rows.Scan(&c))
-		counts[c]++
-	}
-	require.NoError(t, rows.Err())
+	counts := ordersPerCustomer(t, db)
 	var ok, refused, other int
 	for _, o := range outcomes {
 		switch {
@@ -372,15 +364,7 @@ func TestAllBackendsTerminatedForSeconds(t *testing.T) {
 
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
-		counts := map[string]int{}
-		rows, err := db.Pool.Query(ctx, `SELECT customer FROM orders`)
-		require.NoError(t, err)
-		for rows.Next() {
-			var c string
-			require.NoError(t, rows.Scan(&c))
-			counts[c]++
-		}
-		require.NoError(t, rows.Err())
+		counts := ordersPerCustomer(t, db)
 		for c := range okCustomers {
 			require.Equal(t, 1, counts[c], c)
 		}
@@ -407,4 +391,20 @@ func TestAllBackendsTerminatedForSeconds(t *testing.T) {
 	require.NoError(t, w.Signal(syscall.SIGTERM))
 	require.Equal(t, 0, api.waitExit(t, wait))
 	require.Equal(t, 0, w.waitExit(t, wait))
+}
+
+// ordersPerCustomer counts db's orders by customer (the tests make each
+// customer name unique to one write).
+func ordersPerCustomer(t *testing.T, db *kumikotest.DB) map[string]int {
+	t.Helper()
+	counts := map[string]int{}
+	rows, err := db.Pool.Query(context.Background(), `SELECT customer FROM orders`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var c string
+		require.NoError(t, rows.Scan(&c))
+		counts[c]++
+	}
+	require.NoError(t, rows.Err())
+	return counts
 }

@@ -27,18 +27,12 @@ func TestStaleOwnerDoesNotCommitAfterTakeOver(t *testing.T) {
 	tok := b.tokenFor(t, "acme", "alice")
 	key := "stale-" + randHex(8)
 	body := map[string]any{"type": "idem-test:write:gated", "payload": map[string]any{"note": "once"}}
-	rdb := redistest.Shared(t)
 	rkey := b.prefix + ":acme:alice:" + key
 
 	first := make(chan response, 1)
 	go func() { first <- b.keyed(t, "/api/write", tok, key, body) }()
 	require.Eventually(t, func() bool { return b.calls.Load() == 1 }, 10*time.Second, 5*time.Millisecond)
-	// A's renewals fail (as when they cannot reach Redis), and its lease
-	// runs out.
-	owner := b.recordOwner(t, "acme", "alice", key)
-	require.NoError(t, rdb.HSet(t.Context(), rkey, "owner", "someone-else").Err())
-	time.Sleep(450 * time.Millisecond) // past A's first renewal (lease/3), which finds the other owner and stops
-	require.NoError(t, rdb.HSet(t.Context(), rkey, "owner", owner).Err())
+	b.starveRenewals(t, rkey, key)
 
 	second := b.keyed(t, "/api/write", tok, key, body)
 	require.Equal(t, http.StatusOK, second.status, "%s", second.body)
@@ -75,18 +69,12 @@ func TestTakeOverDoesNotCommitAfterStaleOwner(t *testing.T) {
 	tok := a.tokenFor(t, "acme", "alice")
 	key := "takeover-" + randHex(8)
 	body := map[string]any{"type": "idem-test:write:gated", "payload": map[string]any{"note": "once"}}
-	rdb := redistest.Shared(t)
 	rkey := a.prefix + ":acme:alice:" + key
 
 	first := make(chan response, 1)
 	go func() { first <- a.keyed(t, "/api/write", tok, key, body) }()
 	require.Eventually(t, func() bool { return a.calls.Load() == 1 }, 10*time.Second, 5*time.Millisecond)
-	// A's renewals fail (as when they cannot reach Redis), and its lease
-	// runs out.
-	owner := a.recordOwner(t, "acme", "alice", key)
-	require.NoError(t, rdb.HSet(t.Context(), rkey, "owner", "someone-else").Err())
-	time.Sleep(450 * time.Millisecond) // past A's first renewal (lease/3), which finds the other owner and stops
-	require.NoError(t, rdb.HSet(t.Context(), rkey, "owner", owner).Err())
+	a.starveRenewals(t, rkey, key)
 
 	second := make(chan response, 1)
 	go func() { second <- b.keyed(t, "/api/write", tok, key, body) }()
@@ -108,4 +96,17 @@ func TestTakeOverDoesNotCommitAfterStaleOwner(t *testing.T) {
 	again := b.keyed(t, "/api/write", tok, key, body)
 	require.Equal(t, "true", again.header.Get(web.HeaderIdempotentReplayed))
 	require.Equal(t, string(rb.body), string(again.body), "B's answer is stored")
+}
+
+// starveRenewals makes the renewals of key's running owner fail (as when
+// they cannot reach Redis) until it stopped them, past its first renewal
+// (lease/3 of the tests' 600 ms lease), so that its lease runs out. rkey is
+// the record's Redis key.
+func (b *idemBundle) starveRenewals(t *testing.T, rkey, key string) {
+	t.Helper()
+	rdb := redistest.Shared(t)
+	owner := b.recordOwner(t, "acme", "alice", key)
+	require.NoError(t, rdb.HSet(t.Context(), rkey, "owner", "someone-else").Err())
+	time.Sleep(450 * time.Millisecond) // the renewal finds the other owner and stops
+	require.NoError(t, rdb.HSet(t.Context(), rkey, "owner", owner).Err())
 }
