@@ -295,10 +295,17 @@ func (i *Inspector) Retry(ctx context.Context, lane framework.RunIn, id string) 
 			return t, err
 		}
 	}
-	if err := i.in.RunTask(t.Queue, id); err != nil {
-		if lock != "" {
-			_ = releaseUniqueScript.Run(context.WithoutCancel(ctx), i.rdb, []string{lock}, id).Err()
+	err = i.in.RunTask(t.Queue, id)
+	if lock != "" {
+		// The run is pending now (its lock no longer stale), or stays
+		// archived and gives the window back.
+		cctx := context.WithoutCancel(ctx)
+		if err != nil {
+			_ = releaseUniqueScript.Run(cctx, i.rdb, []string{lock}, id).Err()
 		}
+		_ = i.rdb.HDel(cctx, taskKey(t.Queue, id), retryingField).Err()
+	}
+	if err != nil {
 		if errors.Is(err, asynq.ErrTaskNotFound) {
 			return t, fmt.Errorf("%w: %s", ErrTaskNotFound, id)
 		}
@@ -328,20 +335,42 @@ func (i *Inspector) takeUnique(ctx context.Context, queue, id string) (string, e
 	case err != nil:
 		return "", fmt.Errorf("jobs: retry %s: %w", id, err)
 	}
-	// The lock may still be held by a run archived without its handler
-	// freeing it (see releaseStaleUnique), this very run among them.
-	if _, err := releaseStaleUnique(ctx, i.rdb, queue, key); err != nil {
-		return "", fmt.Errorf("jobs: retry %s: %w", id, err)
-	}
-	ok, err := i.rdb.SetNX(ctx, key, id, time.Duration(secs)*time.Second).Result()
-	switch {
+	switch took, err := takeUniqueScript.Run(ctx, i.rdb, []string{key, taskKey(queue, id)}, id,
+		(time.Duration(secs) * time.Second).Milliseconds(), taskKey(queue, ""), retryingFor.Milliseconds()).Int(); {
 	case err != nil:
 		return "", fmt.Errorf("jobs: retry %s: %w", id, err)
-	case !ok:
+	case took == 2:
+		return "", fmt.Errorf("%w (%s is being retried already)", ErrNotRetryable, id)
+	case took != 1:
 		return "", fmt.Errorf("%w: an equal run of %s holds its Unique window", ErrDuplicate, ti.Type)
 	}
 	return key, nil
 }
+
+// takeUniqueScript takes a Unique window (lock KEYS[1]) for the archived
+// run ARGV[1] (task hash KEYS[2]) an operator retries, for ARGV[2] ms,
+// and marks the run as being retried (retryingField), so that no equal
+// dispatch frees the lock as an archived run's before asynq marks the run
+// pending (see staleUniqueScript; ARGV[3] is the queue's task key prefix,
+// ARGV[4] how long a mark holds). A lock held by a run that waits, runs or
+// is being retried is kept: the answer is 0, or 2 when that run is this
+// one (a concurrent retry of it); 1 when the window was taken. A lock held
+// by an archived run (this one among them: its workers died) or by none is
+// taken.
+var takeUniqueScript = redis.NewScript(`local t = redis.call("TIME")
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local holder = redis.call("GET", KEYS[1])
+if holder then
+  local h = redis.call("HMGET", ARGV[3] .. holder, "state", "` + retryingField + `")
+  if (h[1] and h[1] ~= "archived") or (h[1] and h[2] and now - tonumber(h[2]) < tonumber(ARGV[4])) then
+    if holder == ARGV[1] then return 2 end
+    return 0
+  end
+end
+if redis.call("HGET", KEYS[2], "state") ~= "archived" then return 2 end
+redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
+redis.call("HSET", KEYS[2], "` + retryingField + `", now)
+return 1`)
 
 // Depth returns the runs waiting in a lane's queues: pending, scheduled and
 // due for retry.

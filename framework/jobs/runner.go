@@ -571,6 +571,34 @@ func (r *Runner) unreturned(ctx context.Context, lane framework.RunIn, t *asynq.
 var releaseUniqueScript = redis.NewScript(`if redis.call("GET", KEYS[1]) == ARGV[1] then return redis.call("DEL", KEYS[1]) end
 return 0`)
 
+// retryingField marks, in the task hash of an archived run, an operator's
+// retry that took the run's Unique window and has yet to put the run back
+// on its queue (see [Inspector.Retry]); its value is when, in ms on
+// Redis's clock. retryingFor bounds how long the mark keeps
+// releaseStaleUnique off the lock: the retry moves the run on at once, and
+// a retry whose process died in between must not hold the window for
+// long.
+const (
+	retryingField = "kumiko_retrying"
+	retryingFor   = time.Minute
+)
+
+// staleUniqueScript frees a uniqueness lock (KEYS[1]) whose holder's task
+// (key ARGV[1] .. holder) is archived, without a retry's fresh mark
+// (retryingField, younger than ARGV[2] ms), or gone; it answers 1 when
+// the lock is free now, else 0. One script, so that no retry takes the
+// lock between the look at its holder and the delete.
+var staleUniqueScript = redis.NewScript(`local holder = redis.call("GET", KEYS[1])
+if not holder then return 1 end
+local h = redis.call("HMGET", ARGV[1] .. holder, "state", "` + retryingField + `")
+if h[1] and h[1] ~= "archived" then return 0 end
+if h[1] and h[2] then
+  local t = redis.call("TIME")
+  if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) - tonumber(h[2]) < tonumber(ARGV[2]) then return 0 end
+end
+redis.call("DEL", KEYS[1])
+return 1`)
+
 // releaseStaleUnique frees the uniqueness lock key of queue when the run
 // holding it (its value) is archived, or gone, and reports whether it did
 // (or found the lock free). A handler that returns frees its run's lock
@@ -579,27 +607,14 @@ return 0`)
 // its last attempts (its recoverer archives it when the lease runs out),
 // one whose lock could not be freed while Redis failed. Such a lock would
 // refuse every equal run for the rest of its window, though an archived
-// run neither waits nor runs.
+// run neither waits nor runs. A lock an operator's retry took for its
+// archived run, which asynq has yet to mark pending, is not stale.
 func releaseStaleUnique(ctx context.Context, rdb redis.UniversalClient, queue, key string) (bool, error) {
-	holder, err := rdb.Get(ctx, key).Result()
-	switch {
-	case errors.Is(err, redis.Nil):
-		return true, nil
-	case err != nil:
+	freed, err := staleUniqueScript.Run(ctx, rdb, []string{key}, taskKey(queue, ""), retryingFor.Milliseconds()).Int()
+	if err != nil {
 		return false, err
 	}
-	state, err := rdb.HGet(ctx, taskKey(queue, holder), "state").Result()
-	switch {
-	case errors.Is(err, redis.Nil):
-	case err != nil:
-		return false, err
-	case state != "archived":
-		return false, nil
-	}
-	if err := releaseUniqueScript.Run(ctx, rdb, []string{key}, holder).Err(); err != nil {
-		return false, err
-	}
-	return true, nil
+	return freed == 1, nil
 }
 
 // releaseUnique frees the uniqueness lock of a Unique job's run that asynq
