@@ -239,6 +239,11 @@ func TestModes(t *testing.T) {
 				has(fmt.Sprintf("kumiko_event_consumer_events_failed_total{consumer=%q,instance_id=%q} 0\n", name, instance))
 				has(fmt.Sprintf("kumiko_event_consumer_events_processed_total{consumer=%q,instance_id=%q} ", name, instance))
 			}
+			// The cache's failure counters too, for each cached query (a
+			// worker's jobs may run cached queries).
+			for _, m := range []string{"kumiko_cache_redis_errors_total", "kumiko_cache_bypassed_total"} {
+				has(m + `{query="orders:query:get"} 0` + "\n")
+			}
 			if tc.httpAPI {
 				has(`kumiko_http_requests_total{code="200",method="POST",route="/api/write"} 1`)
 				has(`kumiko_http_requests_total{code="401",method="GET",route="/api/sse"} 1`)

@@ -48,7 +48,7 @@ func (a *App) setupReads(consumers []dispatcher.Consumer) ([]dispatcher.Consumer
 		a.rt.SetReadRouter(r)
 	}
 	if a.reg.HasCachedQueries() {
-		c, err := cache.New(a.redis, &cache.Config{Logger: a.log, Metrics: a.metrics})
+		c, err := cache.New(a.redis, &cache.Config{Logger: a.log, Metrics: a.metrics, Queries: a.reg.CachedQueries()})
 		if err != nil {
 			return nil, fmt.Errorf("entrypoint: %w", err)
 		}

@@ -305,6 +305,19 @@ func (r *Registry) HasCachedQueries() bool {
 	return false
 }
 
+// CachedQueries lists, sorted, the qualified types of the queries that
+// declare a cache.
+func (r *Registry) CachedQueries() []string {
+	var out []string
+	for _, d := range r.queries {
+		if d.cache != nil {
+			out = append(out, d.qualified)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
 // CacheEventTypes lists, sorted, the event types that invalidate cached
 // query results: the event types a cache invalidation consumer reads.
 func (r *Registry) CacheEventTypes() []string {

@@ -56,6 +56,11 @@ type Config struct {
 	// kumiko_cache_redis_errors_total and kumiko_cache_bypassed_total (each
 	// by query) and kumiko_cache_invalidations_total. Defaults to none.
 	Metrics prometheus.Registerer
+	// Queries are the cached queries whose counters start at 0 (see
+	// [framework.Registry.CachedQueries]), so that rate() and increase()
+	// see their first Redis error or bypass instead of a series that
+	// appears with it. Defaults to none.
+	Queries []string
 }
 
 // Cache is the Redis entity cache. It is safe for concurrent use.
@@ -118,6 +123,11 @@ func New(rdb redis.UniversalClient, cfg *Config) (*Cache, error) {
 		}
 		if c.m.heldGauge, err = kmetrics.Register(cfg.Metrics, c.m.heldGauge); err != nil {
 			return nil, err
+		}
+	}
+	for _, q := range cfg.Queries {
+		for _, v := range []*prometheus.CounterVec{c.m.hits, c.m.misses, c.m.errors, c.m.bypassed} {
+			v.WithLabelValues(q)
 		}
 	}
 	return c, nil

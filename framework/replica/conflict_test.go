@@ -206,3 +206,26 @@ func TestSerializationFailureOfAReadServerNotInRecovery(t *testing.T) {
 	require.EqualValues(t, 1, runs.Load(), "run once")
 	require.Zero(t, router.Fallbacks(replica.ReasonRecoveryConflict))
 }
+
+// TestFallbackCountersStartAtZero: every reason of
+// kumiko_replica_fallbacks_total is exported at 0 before the first
+// fallback, so that rate() and increase() see that one.
+func TestFallbackCountersStartAtZero(t *testing.T) {
+	t.Parallel()
+	db := kumikotest.NewDB(t)
+	reg := prometheus.NewRegistry()
+	_, err := replica.New(db.Pool, db.Pool, &replica.Config{Metrics: reg})
+	require.NoError(t, err)
+	fams, err := reg.Gather()
+	require.NoError(t, err)
+	got := map[string]float64{}
+	for _, f := range fams {
+		if f.GetName() != "kumiko_replica_fallbacks_total" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			got[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
+		}
+	}
+	require.Equal(t, map[string]float64{replica.ReasonLag: 0, replica.ReasonError: 0, replica.ReasonRecoveryConflict: 0}, got)
+}

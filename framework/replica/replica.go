@@ -105,6 +105,10 @@ func New(primary, replica *pgxpool.Pool, cfg *Config) (*Router, error) {
 			return nil, fmt.Errorf("replica: %w", err)
 		}
 	}
+	// At 0 from the start, so that rate() sees the first fallback.
+	for _, reason := range []string{ReasonLag, ReasonError, ReasonRecoveryConflict} {
+		r.fallbacks.WithLabelValues(reason)
+	}
 	return r, nil
 }
 
