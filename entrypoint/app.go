@@ -107,6 +107,10 @@ type App struct {
 	logCheck time.Duration
 	// logMu orders noteEventLog's pauses, resumptions and their log lines.
 	logMu sync.Mutex
+	// readyMu guards readyRun, the run of the readiness checks that
+	// concurrent probes share (entrypoint/health.go).
+	readyMu  sync.Mutex
+	readyRun *readyRun
 
 	state    atomic.Value // State
 	hooksMu  sync.Mutex

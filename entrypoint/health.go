@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -65,8 +66,61 @@ func (a *App) mountHealth(e *echo.Echo) {
 }
 
 // Ready runs the readiness checks concurrently, each bounded, so the answer
-// comes within the 2 s budget.
+// comes within the 2 s budget. A call made while another's checks run shares
+// their outcome instead of running its own: the probe route needs no token,
+// and a burst of probes would otherwise take four of the pool's connections
+// each, starving writes and failing its own checks on the pool.
 func (a *App) Ready(ctx context.Context) Readiness {
+	r := Readiness{Status: "ok", State: a.State(), Checks: a.sharedChecks(ctx)}
+	if r.State != StateReady {
+		r.Status = "unavailable"
+	}
+	for _, c := range r.Checks {
+		if !c.OK {
+			r.Status = "unavailable"
+		}
+	}
+	return r
+}
+
+// readyRun is one run of the readiness checks; done closes when checks
+// holds its outcome.
+type readyRun struct {
+	done   chan struct{}
+	checks []Check
+}
+
+// sharedChecks returns the outcome of the run of the checks in progress,
+// or starts one when none is. The run is bounded by readyBudget and does not
+// end with the context of the call that started it (a probe that hangs up
+// fails no other); a waiting call returns early only when its own context
+// ends, with every check failed by that.
+func (a *App) sharedChecks(ctx context.Context) []Check {
+	a.readyMu.Lock()
+	run := a.readyRun
+	owner := run == nil
+	if owner {
+		run = &readyRun{done: make(chan struct{})}
+		a.readyRun = run
+	}
+	a.readyMu.Unlock()
+	if owner {
+		run.checks = a.runChecks(context.WithoutCancel(ctx))
+		a.readyMu.Lock()
+		a.readyRun = nil
+		a.readyMu.Unlock()
+		close(run.done)
+	}
+	select {
+	case <-run.done:
+		return slices.Clone(run.checks)
+	case <-ctx.Done():
+		return []Check{{Name: "probe", Error: ctx.Err().Error()}}
+	}
+}
+
+// runChecks runs the readiness checks concurrently within readyBudget.
+func (a *App) runChecks(ctx context.Context) []Check {
 	ctx, cancel := context.WithTimeout(ctx, readyBudget)
 	defer cancel()
 	type check struct {
@@ -124,16 +178,7 @@ func (a *App) Ready(ctx context.Context) Readiness {
 		})
 	}
 	wg.Wait()
-	r := Readiness{Status: "ok", State: a.State(), Checks: out}
-	if r.State != StateReady {
-		r.Status = "unavailable"
-	}
-	for _, c := range out {
-		if !c.OK {
-			r.Status = "unavailable"
-		}
-	}
-	return r
+	return out
 }
 
 // errNoTenantRole is the failure of checkTenantRole for a user that is no
