@@ -25,6 +25,13 @@ const CookieName = "kumiko_auth"
 // rejects tokens that claim it and [Keyring.Mint] refuses to sign them.
 const ReservedTenantID = "system"
 
+// MaxIDLength is the longest user id (sub) and tenant id (tenantId) a
+// token may carry, in bytes: they go into the keys of indexes that every
+// tenant's rows share, and one too large for a btree entry would fail the
+// shared projections at its event, for every tenant. 255 is also OpenID
+// Connect's bound on sub.
+const MaxIDLength = 255
+
 // defaultTTL is the lifetime Mint gives a token when asked for a non-positive
 // ttl.
 const defaultTTL = time.Hour
@@ -168,6 +175,8 @@ func (k *Keyring) Mint(p Principal, ttl time.Duration) (string, error) {
 		return "", errors.New("auth: mint: user or tenant id holds U+FFFD or bytes that are not UTF-8")
 	case strings.ContainsRune(p.UserID, 0), strings.ContainsRune(p.TenantID, 0):
 		return "", errors.New("auth: mint: user or tenant id holds a NUL")
+	case len(p.UserID) > MaxIDLength, len(p.TenantID) > MaxIDLength:
+		return "", fmt.Errorf("auth: mint: user or tenant id longer than %d bytes", MaxIDLength)
 	}
 	if ttl <= 0 {
 		ttl = defaultTTL
@@ -201,7 +210,7 @@ func (k *Keyring) Mint(p Principal, ttl time.Duration) (string, error) {
 // header's `kid`, when present, selects the key (an unknown kid fails);
 // otherwise the first key is used. exp is required; exp, nbf and iat are
 // checked with 30 seconds of leeway. sub and tenantId must be non-empty
-// strings without U+FFFD (the decoder's stand-in for a lone surrogate
+// strings of at most [MaxIDLength] bytes without U+FFFD (the decoder's stand-in for a lone surrogate
 // escape or a byte that is not UTF-8, which would make several spellings
 // one tenant) and without NUL (which Postgres cannot store), tenantId must
 // not be [ReservedTenantID], and roles, when present, must be an array of
@@ -251,6 +260,8 @@ func (k *Keyring) VerifyUntil(token string) (Principal, time.Time, error) {
 		return Principal{}, time.Time{}, fmt.Errorf("%w: tenantId %s", ErrUnauthorized, replacedMessage)
 	case strings.ContainsRune(c.Subject, 0), strings.ContainsRune(c.TenantID, 0):
 		return Principal{}, time.Time{}, fmt.Errorf("%w: sub or tenantId holds a NUL, which Postgres cannot store", ErrUnauthorized)
+	case len(c.Subject) > MaxIDLength, len(c.TenantID) > MaxIDLength:
+		return Principal{}, time.Time{}, fmt.Errorf("%w: sub or tenantId longer than %d bytes", ErrUnauthorized, MaxIDLength)
 	}
 	p := Principal{UserID: c.Subject, TenantID: c.TenantID}
 	if len(c.Roles) > 0 {

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -115,6 +116,8 @@ func TestMintRejectsInvalidPrincipal(t *testing.T) {
 		"U+FFFD tenant":   {UserID: "u", TenantID: "shop\ufffd"},
 		"non-UTF-8 user":  {UserID: "u\xff", TenantID: "t"},
 		"NUL tenant":      {UserID: "u", TenantID: "t\x00"},
+		"long tenant":     {UserID: "u", TenantID: strings.Repeat("t", auth.MaxIDLength+1)},
+		"long user":       {UserID: strings.Repeat("u", auth.MaxIDLength+1), TenantID: "t"},
 	} {
 		_, err := kr.Mint(p, time.Minute)
 		require.Error(t, err, name)
@@ -353,8 +356,18 @@ func TestIdentityClaims(t *testing.T) {
 	requireUnauthorized(t, kr, with("tenantId", auth.ReservedTenantID))
 	requireUnauthorized(t, kr, with("roles", "admin"))
 	requireUnauthorized(t, kr, with("roles", []any{"admin", 1}))
+	// Ids go into the keys of indexes, shared by every tenant's rows; one
+	// too large for a btree entry would stop a shared projection.
+	requireUnauthorized(t, kr, with("tenantId", strings.Repeat("é", auth.MaxIDLength/2+1)))
+	requireUnauthorized(t, kr, with("sub", strings.Repeat("u", auth.MaxIDLength+1)))
+	p, err := kr.Verify(with("tenantId", strings.Repeat("é", auth.MaxIDLength/2)))
+	require.NoError(t, err, "%d bytes", auth.MaxIDLength)
+	require.Len(t, p.TenantID, auth.MaxIDLength-1)
+	p, err = kr.Verify(with("sub", strings.Repeat("u", auth.MaxIDLength)))
+	require.NoError(t, err)
+	require.Len(t, p.UserID, auth.MaxIDLength)
 
-	p, err := kr.Verify(with("roles", nil))
+	p, err = kr.Verify(with("roles", nil))
 	require.NoError(t, err)
 	require.Nil(t, p.Roles)
 }
