@@ -377,8 +377,18 @@ func (a *App) Close(ctx context.Context) {
 }
 
 // ErrDrainTimeout is returned by Run when draining took longer than the
-// configured drain timeout.
+// configured drain timeout. The error Run returns wraps it and says after
+// how long, and what the drain was still waiting for when it gave up.
 var ErrDrainTimeout = errors.New("entrypoint: drain timeout exceeded")
+
+// The steps of a drain that can outlast the drain timeout, as its error
+// names them: what was still running, and what becomes of it.
+const (
+	drainRequests = "in-flight requests were still running: their connections were cut, and what they had not committed is rolled back"
+	drainWork     = "consumer passes or jobs were still running: what they had not committed is rolled back and runs again"
+	drainHealth   = "health or metrics requests were still running: their connections were cut"
+	drainHooks    = "the shutdown hooks were still running (they close the pools and clients)"
+)
 
 // Run serves until ctx ends, then drains: readiness turns 503 at once, SSE
 // streams end cleanly, in-flight requests finish, the dispatcher finishes
@@ -456,9 +466,19 @@ func (a *App) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	a.state.Store(StateDraining)
 	a.log.Info("process draining")
-	drainCtx, cancel := context.WithTimeout(context.Background(), cmp.Or(a.cfg.DrainTimeout, 30*time.Second))
+	drainTimeout := cmp.Or(a.cfg.DrainTimeout, 30*time.Second)
+	drainCtx, cancel := context.WithTimeout(context.Background(), drainTimeout)
 	defer cancel()
 	done := make(chan struct{})
+	// step is what the drain waits for, named by the drain timeout's
+	// error. A step that ended because the timeout fired leaves it as it
+	// is, so the error names the step that was cut off, not the next.
+	var step atomic.Pointer[string]
+	enter := func(s string) {
+		if drainCtx.Err() == nil {
+			step.Store(&s)
+		}
+	}
 	go func() {
 		defer close(done)
 		if a.hub != nil {
@@ -468,21 +488,31 @@ func (a *App) Serve(ctx context.Context, ln net.Listener) error {
 		}
 		if a.web != nil {
 			// API and all-in-one: stop accepting at once (§7).
+			enter(drainRequests)
 			_ = a.httpSrv.Shutdown(drainCtx)
 		}
+		enter(drainWork)
 		stopWork()
 		wg.Wait()
 		// A worker accepts no work over HTTP: its health server keeps
 		// answering while the worker drains (/health/ready 503 with the
 		// state draining, /health/live 200) and stops once the work has.
+		if a.web == nil {
+			enter(drainHealth)
+		}
 		_ = a.httpSrv.Shutdown(drainCtx)
 		<-httpDone
+		enter(drainHooks)
 		a.runHooks(drainCtx)
 	}()
 	select {
 	case <-done:
 	case <-drainCtx.Done():
-		a.log.Error("drain timeout exceeded")
+		cutOff := drainWork
+		if s := step.Load(); s != nil {
+			cutOff = *s
+		}
+		a.log.Error("drain timeout exceeded", "timeout", drainTimeout.String(), "cut_off", cutOff)
 		// Shutdown does not end the requests still running: cut their
 		// connections, which ends their contexts, so that they return
 		// their database connections and the drain above goes on to the
@@ -490,7 +520,7 @@ func (a *App) Serve(ctx context.Context, ln net.Listener) error {
 		// as long as such a request runs.
 		_ = a.httpSrv.Close()
 		a.state.Store(StateStopped)
-		return ErrDrainTimeout
+		return fmt.Errorf("%w after %s: %s", ErrDrainTimeout, drainTimeout, cutOff)
 	}
 	a.state.Store(StateStopped)
 	a.log.Info("process stopped")

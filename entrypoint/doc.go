@@ -30,8 +30,8 @@
 // accepting, open SSE streams end cleanly, in-flight requests finish, the
 // dispatcher finishes its pass, the job lanes shut down, the shutdown hooks
 // run in reverse order of registration and the pools close. It returns nil
-// (exit 0), or [ErrDrainTimeout] (exit 1) when Config.DrainTimeout fired
-// first.
+// (exit 0), or an error wrapping [ErrDrainTimeout] (exit 1) when
+// Config.DrainTimeout fired first, naming the step it cut off.
 //
 // # Health
 //

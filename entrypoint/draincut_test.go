@@ -56,3 +56,23 @@ func TestDrainTimeoutCutsStalledRequests(t *testing.T) {
 		}
 	}
 }
+
+// TestDrainTimeoutNamesWhatItCutOff: the drain timeout's error names the
+// step the drain was waiting for, here a shutdown hook that does not
+// return, and still matches ErrDrainTimeout.
+func TestDrainTimeoutNamesWhatItCutOff(t *testing.T) {
+	t.Parallel()
+	db := kumikotest.NewDB(t)
+	rds := jobstest.StartRedis(t)
+	cfg := newConfig(t, map[string]string{"APP_MODE": "api", "DATABASE_URL": db.URL, "REDIS_URL": rds.URL,
+		"KUMIKO_DRAIN_TIMEOUT_MS": "300"})
+	s := serve(t, entrypoint.Options{Config: cfg, Register: features.Register, InstanceID: "drain-cut-hook"})
+	waitServedReady(t, s)
+	unblock := make(chan struct{})
+	t.Cleanup(func() { close(unblock) })
+	s.app.OnShutdown(func(context.Context) error { <-unblock; return nil })
+	err := s.stop(t)
+	require.ErrorIs(t, err, entrypoint.ErrDrainTimeout)
+	require.EqualError(t, err, "entrypoint: drain timeout exceeded after 300ms: "+
+		"the shutdown hooks were still running (they close the pools and clients)")
+}

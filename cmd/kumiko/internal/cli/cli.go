@@ -44,9 +44,11 @@ func Main(ctx context.Context, args []string, register func(*framework.Registry,
 	}
 	if err != nil {
 		fmt.Fprintln(root.ErrOrStderr(), "kumiko:", err)
-		if ctx.Err() != nil {
+		if ctx.Err() != nil && !errors.Is(err, entrypoint.ErrDrainTimeout) {
 			// A signal (Ctrl-C, SIGTERM) ended ctx: the error above is
-			// its consequence, "context canceled" somewhere.
+			// its consequence, "context canceled" somewhere. Not so for
+			// `kumiko serve`, whose signal is its ordinary stop: a drain
+			// that timed out says above what it cut off.
 			fmt.Fprintln(root.ErrOrStderr(), "kumiko: interrupted: the command stopped before it finished (what it had committed stays)")
 		}
 		var pgErr *pgconn.PgError
