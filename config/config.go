@@ -7,6 +7,7 @@ import (
 	"math"
 	"net"
 	"os"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -71,12 +72,13 @@ type Config struct {
 	HTTPIdleTimeout time.Duration
 
 	// DatabaseURL is the PostgreSQL connection string of the primary, read
-	// from DATABASE_URL, as a URL or in keyword/value form. It is required
-	// and must be accepted by [pgxpool.ParseConfig].
+	// from DATABASE_URL, as a postgres:// or postgresql:// URL or in
+	// keyword/value form ("host=db dbname=app"). It is required and must be
+	// accepted by [pgxpool.ParseConfig]; another scheme is refused by name.
 	DatabaseURL string
 
 	// DatabaseReadURL is the connection string of a read replica, read from
-	// DATABASE_READ_URL. Queries go to it when set; when empty every query
+	// DATABASE_READ_URL, in one of DatabaseURL's forms. Queries go to it when set; when empty every query
 	// goes to the primary. Defaults to "" (no replica).
 	DatabaseReadURL string
 
@@ -99,7 +101,8 @@ type Config struct {
 	DatabasePoolConnectTimeout time.Duration
 
 	// RedisURL is the Redis URL (redis://, rediss:// or unix://), read from
-	// REDIS_URL. It must be accepted by [redis.ParseURL]. Defaults to
+	// REDIS_URL. It must be accepted by [redis.ParseURL]; another scheme,
+	// or none ("cache:6379"), is refused by name. Defaults to
 	// "redis://127.0.0.1:6379/0".
 	RedisURL string
 
@@ -352,6 +355,9 @@ func (c *Config) ReadPoolConfig() (*pgxpool.Config, error) {
 }
 
 func (c *Config) poolConfig(name, connString string) (*pgxpool.Config, error) {
+	if err := checkPostgresForm(connString); err != nil {
+		return nil, &VarError{Name: name, Err: err}
+	}
 	pc, err := pgxpool.ParseConfig(connString)
 	if err != nil {
 		return nil, &VarError{Name: name, Err: redactErr(err, connString)}
@@ -373,6 +379,9 @@ func (c *Config) poolConfig(name, connString string) (*pgxpool.Config, error) {
 // means "none" (go-redis reads 0 as "use my default"). It fails only when
 // RedisURL does not parse, which [FromLookup] has already ruled out.
 func (c *Config) RedisOptions() (*redis.Options, error) {
+	if err := checkRedisForm(c.RedisURL); err != nil {
+		return nil, &VarError{Name: "REDIS_URL", Err: err}
+	}
 	opts, err := redis.ParseURL(c.RedisURL)
 	if err != nil {
 		return nil, &VarError{Name: "REDIS_URL", Err: redactErr(err, c.RedisURL)}
@@ -685,12 +694,66 @@ func (l *loader) databaseURL(name string, required bool) (string, *pgxpool.Confi
 		}
 		return "", nil
 	}
+	if err := checkPostgresForm(v); err != nil {
+		l.fail(name, err)
+		return "", nil
+	}
 	pc, err := pgxpool.ParseConfig(v)
 	if err != nil {
 		l.fail(name, redactErr(err, v))
 		return "", nil
 	}
 	return v, pc
+}
+
+// keywordValueStart matches the start of a keyword/value connection string
+// ("host=db ...").
+var keywordValueStart = regexp.MustCompile(`^\s*[A-Za-z_][A-Za-z0-9_]*\s*=`)
+
+// pgForms says what DATABASE_URL and DATABASE_READ_URL accept.
+const pgForms = `use a postgres:// or postgresql:// URL, or keyword/value settings such as "host=db dbname=app user=app"`
+
+// checkPostgresForm fails when connString is neither a postgres:// or
+// postgresql:// URL nor a keyword/value string, the two forms pgx parses.
+// pgx reads anything else as a keyword/value string: another database's
+// URL failed as "invalid keyword/value" (with the user name masked as a
+// password), and one with a '=' in its query ("jdbc:postgresql://h/db?
+// user=u") even passed as one unknown setting. The error names only the
+// scheme, never the rest (which may hold a password).
+func checkPostgresForm(connString string) error {
+	if strings.HasPrefix(connString, "postgres://") || strings.HasPrefix(connString, "postgresql://") ||
+		keywordValueStart.MatchString(connString) || strings.TrimSpace(connString) == "" {
+		return nil
+	}
+	if urlScheme.MatchString(connString) {
+		scheme, _, _ := strings.Cut(connString, "://")
+		return fmt.Errorf("unsupported scheme %q: %s", scheme+"://", pgForms)
+	}
+	return errors.New("not a PostgreSQL connection string: " + pgForms)
+}
+
+// redisForms says what REDIS_URL accepts.
+const redisForms = `use a redis://host:port/db, rediss:// (TLS) or unix:///path/to/socket URL`
+
+// checkRedisForm fails when redisURL is not a URL with one of the schemes
+// go-redis accepts (redis, rediss, unix; any case). Without it, go-redis
+// named the host of "cache:6379" as its scheme ("invalid URL scheme:
+// cache") and read "redis:cache:6379" as localhost:6379. "unix:/path",
+// which go-redis reads as the socket /path, stays accepted. The error
+// names only the scheme.
+func checkRedisForm(redisURL string) error {
+	if !urlScheme.MatchString(redisURL) {
+		if len(redisURL) > len("unix:") && strings.EqualFold(redisURL[:len("unix:")], "unix:") {
+			return nil
+		}
+		return errors.New("not a Redis URL: " + redisForms)
+	}
+	scheme, _, _ := strings.Cut(redisURL, "://")
+	switch strings.ToLower(scheme) {
+	case "redis", "rediss", "unix":
+		return nil
+	}
+	return fmt.Errorf("unsupported scheme %q: %s", scheme+"://", redisForms)
 }
 
 // poolMinimums checks that the pool minimums of a connection string fit
@@ -710,6 +773,10 @@ func (l *loader) poolMinimums(name string, pc *pgxpool.Config, poolMax int32) {
 func (l *loader) redisURL(name string) string {
 	v, ok := l.get(name)
 	if !ok {
+		return defaultRedisURL
+	}
+	if err := checkRedisForm(v); err != nil {
+		l.fail(name, err)
 		return defaultRedisURL
 	}
 	if _, err := redis.ParseURL(v); err != nil {

@@ -262,6 +262,14 @@ func TestValues(t *testing.T) {
 	}
 }
 
+// wantPGForms and wantRedisForms end the errors of a DATABASE_URL (or
+// DATABASE_READ_URL) and a REDIS_URL that is no connection string of its
+// kind: what it accepts.
+const (
+	wantPGForms    = `use a postgres:// or postgresql:// URL, or keyword/value settings such as "host=db dbname=app user=app"`
+	wantRedisForms = `use a redis://host:port/db, rediss:// (TLS) or unix:///path/to/socket URL`
+)
+
 func TestBadValues(t *testing.T) {
 	t.Parallel()
 
@@ -295,7 +303,27 @@ func TestBadValues(t *testing.T) {
 		{"DATABASE_POOL_CONNECT_TIMEOUT", "-1s", `DATABASE_POOL_CONNECT_TIMEOUT: must not be negative, got "-1s"`},
 		{"HTTP_READ_TIMEOUT_MS", "0", `HTTP_READ_TIMEOUT_MS: must be a positive integer number of milliseconds, got "0"`},
 		{"HTTP_IDLE_TIMEOUT_MS", "2m", `HTTP_IDLE_TIMEOUT_MS: must be a positive integer number of milliseconds, got "2m"`},
-		{"REDIS_URL", "http://cache:6379", `REDIS_URL: redis: invalid URL scheme: http`},
+		// Another database's URL, or none at all, was read by pgx as a
+		// broken keyword/value string ("failed to parse as keyword/value"),
+		// its user name masked as a password.
+		{"DATABASE_URL", "mysql://app@db/app", `DATABASE_URL: unsupported scheme "mysql://": ` + wantPGForms},
+		{"DATABASE_URL", "mysql://app:s3cret-pw@db/app", `DATABASE_URL: unsupported scheme "mysql://": ` + wantPGForms},
+		{"DATABASE_URL", "POSTGRES://app@db/app", `DATABASE_URL: unsupported scheme "POSTGRES://": ` + wantPGForms},
+		{"DATABASE_READ_URL", "mysql://app@replica/app", `DATABASE_READ_URL: unsupported scheme "mysql://": ` + wantPGForms},
+		// pgx read this one as a keyword/value setting named
+		// "jdbc:postgresql://replica/app?user" and passed the check.
+		{"DATABASE_READ_URL", "jdbc:postgresql://replica/app?user=app", `DATABASE_READ_URL: not a PostgreSQL connection string: ` + wantPGForms},
+		{"DATABASE_URL", "db:5432", `DATABASE_URL: not a PostgreSQL connection string: ` + wantPGForms},
+		{"DATABASE_URL", "app:s3cret-pw@db/app", `DATABASE_URL: not a PostgreSQL connection string: ` + wantPGForms},
+		// A broken keyword/value string keeps pgx's reason.
+		{"DATABASE_URL", "host=db port=x", "DATABASE_URL: cannot parse `host=db port=x`: invalid port"},
+		{"REDIS_URL", "http://cache:6379", `REDIS_URL: unsupported scheme "http://": ` + wantRedisForms},
+		{"REDIS_URL", "memcached://cache", `REDIS_URL: unsupported scheme "memcached://": ` + wantRedisForms},
+		// Without a scheme, go-redis named the host as one ("invalid URL
+		// scheme: cache"); "redis:cache:6379" it read as localhost:6379.
+		{"REDIS_URL", "cache:6379", `REDIS_URL: not a Redis URL: ` + wantRedisForms},
+		{"REDIS_URL", "redis:cache:6379", `REDIS_URL: not a Redis URL: ` + wantRedisForms},
+		{"REDIS_URL", "redis//cache", `REDIS_URL: not a Redis URL: ` + wantRedisForms},
 		{"REDIS_CONNECT_TIMEOUT_MS", "0", `REDIS_CONNECT_TIMEOUT_MS: must be a positive integer number of milliseconds, got "0"`},
 		{"REDIS_CONNECT_TIMEOUT_MS", "5s", `REDIS_CONNECT_TIMEOUT_MS: must be a positive integer number of milliseconds, got "5s"`},
 		{"REDIS_COMMAND_TIMEOUT_MS", "-1", `REDIS_COMMAND_TIMEOUT_MS: must be a non-negative integer number of milliseconds, got "-1"`},
@@ -640,6 +668,8 @@ func TestPoolConfigDefaults(t *testing.T) {
 	require.EqualError(t, err, "DATABASE_URL: required")
 	_, err = (&Config{DatabaseURL: "postgres://h:port/db"}).PoolConfig()
 	require.EqualError(t, err, "DATABASE_URL: cannot parse `postgres://h:port/db`: invalid port")
+	_, err = (&Config{DatabaseURL: testDatabaseURL, DatabaseReadURL: "mysql://app@replica/app"}).ReadPoolConfig()
+	require.EqualError(t, err, `DATABASE_READ_URL: unsupported scheme "mysql://": `+wantPGForms)
 }
 
 func TestRedisOptions(t *testing.T) {
@@ -713,7 +743,7 @@ func TestRedisOptionsDefaultsAndZeros(t *testing.T) {
 	require.Equal(t, -1, opts.MaxRetries)
 
 	_, err = (&Config{RedisURL: "http://cache"}).RedisOptions()
-	require.EqualError(t, err, "REDIS_URL: redis: invalid URL scheme: http")
+	require.EqualError(t, err, `REDIS_URL: unsupported scheme "http://": `+wantRedisForms)
 }
 
 func FuzzParseJWTKeys(f *testing.F) {
