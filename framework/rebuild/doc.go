@@ -8,8 +8,8 @@
 //
 //  1. It creates a shadow schema (kumiko_rebuild_<hash>_<name>, see
 //     [ShadowSchema]) holding a table with the live table's name, created
-//     with CREATE TABLE ... (LIKE live INCLUDING ALL) and put under the same
-//     row-level security as the live table (kumiko_enable_tenancy).
+//     with CREATE TABLE ... (LIKE live INCLUDING ALL) and put under the live
+//     table's row-level security, its policies copied as they are.
 //  2. It runs a temporary shared consumer, "<projection>#rebuild" (see
 //     [ConsumerName]), from position zero with the ordinary dispatcher
 //     machinery. Every pass of that consumer runs with
@@ -49,13 +49,16 @@
 // just before it commits, through the dispatcher's Consumer.BeforeCommit.)
 //
 // The new table copies the live table's columns, defaults, constraints,
-// indexes and comments (LIKE ... INCLUDING ALL), Kumiko's tenancy
-// policies and the tenant role's grants on the table and its columns; the sequences of serial columns stay the live table's, shared
+// indexes and comments (LIKE ... INCLUDING ALL), the live table's row-level
+// security (enabled and forced as it was, and every policy as it is, Kumiko's
+// tenancy policies or hand-written ones, on a tenant_id or not) and the
+// tenant role's grants on the table and its columns; the sequences of serial columns stay the live table's, shared
 // by the new table's defaults, and pass to it at the swap (the numbering
-// goes on). It does not copy triggers, other policies, grants to other
-// roles, or foreign keys; views that depend on the live table make the swap
-// fail (DROP TABLE without CASCADE) and the rebuild is abandoned. The old
-// table is dropped in the swap transaction.
+// goes on). It does not copy triggers, grants to other roles, or foreign
+// keys; views that depend on the live table, and policies whose expression
+// reads the table itself in a subquery (the copy reads the live table), make
+// the swap fail (DROP TABLE without CASCADE) and the rebuild is abandoned.
+// The old table is dropped in the swap transaction.
 //
 // Events deleted by `kumiko events prune` are gone: a rebuild replays what
 // the log still holds.

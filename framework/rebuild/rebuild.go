@@ -181,7 +181,7 @@ const (
 	sessionUnlockSQL = `SELECT pg_advisory_unlock(hashtextextended($1, 0))`
 	// liveTableSQL resolves the table the handlers' unqualified name means
 	// on this connection's search_path.
-	liveTableSQL = `SELECT n.nspname, c.relkind::text, c.relrowsecurity, current_setting('search_path')
+	liveTableSQL = `SELECT n.nspname, c.relkind::text, c.relrowsecurity, c.relforcerowsecurity, current_setting('search_path')
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.oid = to_regclass($1)`
 	leftoverSQL = `SELECT to_regnamespace($1) IS NOT NULL
@@ -231,7 +231,8 @@ type run struct {
 	table      string // the table's name
 	liveSchema string
 	searchPath string
-	rls        bool
+	rls        bool   // the live table has row-level security enabled
+	forceRLS   bool   // ... and forced on its owner
 	shadow     string // the shadow table, quoted and qualified
 	live       string // the live table, quoted and qualified
 	shadowOID  int64
@@ -421,7 +422,7 @@ func (r *run) rebuild(ctx context.Context) (*Result, error) {
 // resolve finds the live table on the connection's search_path.
 func (r *run) resolve(ctx context.Context) error {
 	var kind string
-	err := r.conn.QueryRow(ctx, liveTableSQL, pgx.Identifier{r.table}.Sanitize()).Scan(&r.liveSchema, &kind, &r.rls, &r.searchPath)
+	err := r.conn.QueryRow(ctx, liveTableSQL, pgx.Identifier{r.table}.Sanitize()).Scan(&r.liveSchema, &kind, &r.rls, &r.forceRLS, &r.searchPath)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("rebuild: %s: table %q does not exist (are the migrations applied?)", r.p.Name(), r.table)
 	}
@@ -476,7 +477,35 @@ FROM pg_attribute a, aclexplode(a.attacl) x WHERE a.attrelid = $1::regclass AND 
   AND a.attnum > 0 AND NOT a.attisdropped
 GROUP BY a.attname`
 
-// prepare creates the shadow schema and table (with the tenant role's
+// policiesSQL lists the row-level security policies of the table $1 as
+// the clauses of CREATE POLICY: name, AS, FOR, TO (quoted roles, PUBLIC
+// for none) and the USING and WITH CHECK expressions ("" when absent),
+// deparsed for this session's search_path.
+const policiesSQL = `SELECT p.polname,
+  CASE WHEN p.polpermissive THEN 'PERMISSIVE' ELSE 'RESTRICTIVE' END,
+  CASE p.polcmd WHEN 'r' THEN 'SELECT' WHEN 'a' THEN 'INSERT' WHEN 'w' THEN 'UPDATE' WHEN 'd' THEN 'DELETE' ELSE 'ALL' END,
+  coalesce((SELECT string_agg(CASE WHEN r.oid = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(r.oid)) END, ', ' ORDER BY r.n)
+    FROM unnest(p.polroles) WITH ORDINALITY AS r(oid, n)), 'PUBLIC'),
+  coalesce(pg_get_expr(p.polqual, p.polrelid), ''), coalesce(pg_get_expr(p.polwithcheck, p.polrelid), '')
+FROM pg_policy p WHERE p.polrelid = $1::regclass ORDER BY p.polname`
+
+// policy is one row-level security policy of the live table (policiesSQL).
+type policy struct{ name, as, cmd, roles, using, check string }
+
+// createSQL returns the statement that creates p on table.
+func (p policy) createSQL(table string) string {
+	q := `CREATE POLICY ` + pgx.Identifier{p.name}.Sanitize() + ` ON ` + table + ` AS ` + p.as + ` FOR ` + p.cmd + ` TO ` + p.roles
+	if p.using != "" {
+		q += ` USING (` + p.using + `)`
+	}
+	if p.check != "" {
+		q += ` WITH CHECK (` + p.check + `)`
+	}
+	return q
+}
+
+// prepare creates the shadow schema and table (with the live table's
+// row-level security, its policies as they are, and the tenant role's
 // grants of the live table) and checks that the projection's unqualified
 // table name resolves to the shadow table, both for the owner and for the
 // tenant role.
@@ -494,13 +523,35 @@ func (r *run) prepare(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("rebuild: read grants of %s: %w", r.live, err)
 	}
+	rows, err = r.conn.Query(ctx, policiesSQL, r.live)
+	if err != nil {
+		return fmt.Errorf("rebuild: read policies of %s: %w", r.live, err)
+	}
+	policies, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (policy, error) {
+		var p policy
+		err := row.Scan(&p.name, &p.as, &p.cmd, &p.roles, &p.using, &p.check)
+		return p, err
+	})
+	if err != nil {
+		return fmt.Errorf("rebuild: read policies of %s: %w", r.live, err)
+	}
 	b := &pgx.Batch{}
 	b.Queue(`BEGIN`)
 	b.Queue(`CREATE SCHEMA ` + pgx.Identifier{r.schema}.Sanitize())
 	b.Queue(`GRANT USAGE ON SCHEMA ` + pgx.Identifier{r.schema}.Sanitize() + ` TO ` + tenancy.Role)
 	b.Queue(`CREATE TABLE ` + r.shadow + ` (LIKE ` + r.live + ` INCLUDING ALL)`)
+	// The live table's row-level security as it is: Kumiko's tenancy
+	// policies (kumiko_enable_tenancy) and any written by hand, which may
+	// name no tenant_id at all. kumiko_enable_tenancy on the shadow table
+	// failed on such a table, and dropped the others.
 	if r.rls {
-		b.Queue(`SELECT kumiko_enable_tenancy($1::regclass)`, r.shadow)
+		b.Queue(`ALTER TABLE ` + r.shadow + ` ENABLE ROW LEVEL SECURITY`)
+	}
+	if r.forceRLS {
+		b.Queue(`ALTER TABLE ` + r.shadow + ` FORCE ROW LEVEL SECURITY`)
+	}
+	for _, p := range policies {
+		b.Queue(p.createSQL(r.shadow))
 	}
 	for _, g := range grants {
 		// The privilege names come from aclexplode (SELECT, INSERT, ...);

@@ -615,8 +615,11 @@ func TestRebuildTableWithSerialColumn(t *testing.T) {
 	_, err := db.Pool.Exec(ctx, `
 		CREATE TABLE numbered (id bigserial PRIMARY KEY, tenant_id text NOT NULL, key text NOT NULL);
 		SELECT kumiko_enable_tenancy('numbered');
-		GRANT USAGE ON SEQUENCE numbered_id_seq TO kumiko_tenant`)
+		GRANT USAGE ON SEQUENCE numbered_id_seq TO kumiko_tenant;
+		CREATE POLICY numbered_no_blank_keys ON numbered AS RESTRICTIVE TO kumiko_tenant USING (key <> '') WITH CHECK (key <> '')`)
 	require.NoError(t, err)
+	rls := readRLS(t, db, "numbered")
+	require.Len(t, rls.Policies, 3)
 	p := framework.MultiStreamProjection(f, "numbered", &framework.ProjectionOptions{Table: "numbered"})
 	framework.On(p, ev, func(ctx context.Context, tx *framework.Tx, e framework.Event[counted]) error {
 		_, err := tx.Exec(ctx, `INSERT INTO numbered (tenant_id, key) VALUES ($1, $2)`, e.TenantID, e.Payload.Key)
@@ -635,6 +638,9 @@ func TestRebuildTableWithSerialColumn(t *testing.T) {
 	res, err := rebuild.Rebuild(ctx, db.Pool, reg, "serial:numbered", nil)
 	require.NoError(t, err)
 	require.Equal(t, int64(5), res.Events)
+	// Kumiko's tenancy policies, and the one written beside them, which the
+	// rebuild dropped.
+	require.Equal(t, rls, readRLS(t, db, "numbered"), "the new table has the live table's row-level security")
 	var rows, maxID int64
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*), max(id) FROM numbered`).Scan(&rows, &maxID))
 	require.Equal(t, int64(5), rows)
