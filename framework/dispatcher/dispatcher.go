@@ -115,8 +115,13 @@ type consumerRun struct {
 	// transientStreak counts consecutive transient failures (the backoff
 	// exponent for errors that do not count as attempts).
 	transientStreak atomic.Int32
-	// mu guards known.
+	// mu guards known, victimAt and victims.
 	mu sync.Mutex
+	// victims counts the passes of this process lost in a row as deadlock
+	// or serialization victims at the event at position victimAt (see
+	// VictimRetries).
+	victimAt int64
+	victims  int
 	// known is the state row as this process last read or committed it:
 	// what a per-instance row removed under the running process is
 	// re-created from (see recreate).
@@ -139,6 +144,26 @@ func (c *consumerRun) remember(cur eventstore.Cursor, status string) {
 	if status != "" {
 		c.known.disabled = status == "disabled"
 	}
+}
+
+// noteVictim counts a pass lost as a deadlock or serialization victim at
+// the event at position, and returns how many in a row were lost at it.
+func (c *consumerRun) noteVictim(position int64) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.victims == 0 || c.victimAt != position {
+		c.victimAt, c.victims = position, 0
+	}
+	c.victims++
+	return c.victims
+}
+
+// clearVictims ends a run of victim losses: the event was delivered, or a
+// pass ended otherwise.
+func (c *consumerRun) clearVictims() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.victims = 0
 }
 
 // knownRow returns what remember recorded.
@@ -730,6 +755,17 @@ func (d *Dispatcher) pass(ctx context.Context, c *consumerRun) (passResult, erro
 	// failure of its event, unless that event was the first of the batch:
 	// the re-run commits the events before it and records nothing.
 	for {
+		switch {
+		case fail.lost && fail.victim:
+			if n := c.noteVictim(fail.at.Position); n > VictimRetries {
+				// The handler deadlocks (or conflicts) every time: its
+				// event's failure, counted as an attempt (see VictimRetries).
+				fail.lost = false
+				fail.err = fmt.Errorf("deadlock or serialization victim %d times in a row at this event: %w", n, fail.err)
+			}
+		case !fail.lost:
+			c.clearVictims()
+		}
 		if fail.timedOut && fail.index > 0 {
 			d.log.Warn("consumer pass timed out; committing the events before", "consumer", c.Name, "instance_id", c.instance,
 				"position", fail.at.Position, "pass_timeout", d.cfg.PassTimeout.String())
@@ -805,6 +841,10 @@ type failure struct {
 	// lost is set when the pass, not the event, failed (see passLost):
 	// the event is retried like a transient failure.
 	lost bool
+	// victim is set with lost when the database picked the pass's
+	// transaction as a deadlock or serialization victim (see
+	// VictimRetries).
+	victim bool
 	// typ, tenant and meta are the failed event's type, tenant and
 	// metadata, for the log.
 	typ, tenant string
@@ -896,8 +936,9 @@ func (d *Dispatcher) attempt(ctx context.Context, conn *pgx.Conn, c *consumerRun
 		}
 		if aerr != nil {
 			timedOut := ctx.Err() != nil
+			lost := !timedOut && passLost(conn, aerr)
 			return res, &failure{index: i, err: aerr, at: env.Cursor(), from: st.cursor, timedOut: timedOut,
-				lost: !timedOut && passLost(conn, aerr), typ: env.Type, tenant: env.TenantID, meta: env.Metadata}, nil
+				lost: lost, victim: lost && victim(aerr), typ: env.Type, tenant: env.TenantID, meta: env.Metadata}, nil
 		}
 		written += tx.Written()
 	}
@@ -996,6 +1037,7 @@ WHERE name = $1 AND instance_id = $2`, c.Name, c.instance, attempts, bad.Positio
 	}
 	if f == nil {
 		c.transientStreak.Store(0)
+		c.clearVictims()
 	}
 	res.delivered = len(apply)
 	res.full = res.full || f == nil && len(recs) >= limit
@@ -1014,6 +1056,26 @@ WHERE name = $1 AND instance_id = $2`, c.Name, c.instance, attempts, bad.Positio
 // without counting an attempt.
 const PassLost = "pass lost, retried without counting an attempt"
 
+// VictimRetries bounds how often in a row a pass may be lost as a deadlock
+// or serialization victim (40P01, 40001) at the same event without
+// counting an attempt: from the next such loss on, each counts as the
+// event's failure (attempts, backoff, dead at MaxAttempts, a dead letter
+// with SkipApplyErrors), so that a handler that deadlocks every time, by
+// its own making, does not retry its event for ever. Lock contention with
+// other transactions seldom makes the same event the victim that often in
+// a row. Each process counts its own passes, and a delivery, or any other
+// failure in between, starts the count over; a pass lost because its
+// connection ended (a killed backend, a restart, a failover) is never
+// counted, nor does it start the count over.
+const VictimRetries = 5
+
+// victim reports whether err is the database's choice of the pass's
+// transaction as a deadlock (40P01) or serialization (40001) victim.
+func victim(err error) bool {
+	pgErr, ok := errors.AsType[*pgconn.PgError](err)
+	return ok && (pgErr.Code == "40001" || pgErr.Code == "40P01")
+}
+
 // passLost reports whether err, the failure of an event's handler in a
 // pass on conn, is the pass's rather than the event's: the database ended
 // the connection (pg_terminate_backend, a restart, a failover), or chose
@@ -1029,13 +1091,11 @@ const PassLost = "pass lost, retried without counting an attempt"
 // io.ErrUnexpectedEOF of a decoder, a net.Error of a service it called)
 // while the pass's connection is fine is the event's failure.
 func passLost(conn *pgx.Conn, err error) bool {
-	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
-		switch pgErr.Code {
-		case "40001", "40P01":
-			return true
-		case "25P03":
-			return false
-		}
+	if victim(err) {
+		return true
+	}
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok && pgErr.Code == "25P03" {
+		return false
 	}
 	// pgx closes the connection on every error that ends it (a network
 	// error, EOF, a FATAL of the server), unless a deadline of the

@@ -32,7 +32,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"consumer", "instance_id"}),
 		lost: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kumiko_event_consumer_passes_lost_total",
-			Help: "Passes of the consumer lost under a handler (connection ended, deadlock or serialization victim): no failure of the event, which is retried without counting an attempt.",
+			Help: "Passes of the consumer lost under a handler (connection ended, deadlock or serialization victim): no failure of the event, which is retried without counting an attempt. A deadlock or serialization victim at the same event more than 5 times in a row in one process counts as the event's failure instead (kumiko_event_consumer_events_failed_total).",
 		}, []string{"consumer", "instance_id"}),
 		visibility: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "kumiko_event_visibility_lag_seconds",
