@@ -3,6 +3,7 @@ package entrypoint_test
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 
@@ -20,7 +21,9 @@ import (
 // consumers no". An api process ran the shared projections declared with
 // runIn api or both; it now runs only per-instance ones (the SSE hub
 // here), while a worker runs the shared runIn worker/both ones and an
-// all-in-one process all of them.
+// all-in-one process all of them. The api-side projection, which neither
+// split mode runs, still gets its state row from both (see
+// TestSplitDeploymentRegistersRunInAPIProjection).
 func TestAPIRunsNoSharedConsumers(t *testing.T) {
 	t.Parallel()
 	register := func(r *framework.Registry) {
@@ -33,9 +36,9 @@ func TestAPIRunsNoSharedConsumers(t *testing.T) {
 	}
 	rds := jobstest.StartRedis(t)
 	for mode, want := range map[string][]string{
-		"api":        {sse.ConsumerName + "/" + "sides-api"},
-		"worker":     {"sides:both-sides/__shared__", "sides:worker-side/__shared__"},
-		"all-in-one": {"sides:api-side/__shared__", "sides:both-sides/__shared__", "sides:worker-side/__shared__", sse.ConsumerName + "/sides-all-in-one"},
+		"api":        {sse.ConsumerName},
+		"worker":     {"sides:both-sides", "sides:worker-side"},
+		"all-in-one": {"sides:api-side", "sides:both-sides", "sides:worker-side", sse.ConsumerName},
 	} {
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
@@ -45,7 +48,15 @@ func TestAPIRunsNoSharedConsumers(t *testing.T) {
 			s := serve(t, entrypoint.Options{Config: cfg, Register: register, InstanceID: "sides-" + mode,
 				Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 			waitServedReady(t, s)
-			require.Equal(t, want, stateRows(t, db))
+			runs := s.app.Dispatcher().Consumers()
+			slices.Sort(runs)
+			require.Equal(t, want, runs)
+			rows := map[string][]string{
+				"api":        {"sides:api-side/__shared__", sse.ConsumerName + "/sides-api"},
+				"worker":     {"sides:api-side/__shared__", "sides:both-sides/__shared__", "sides:worker-side/__shared__"},
+				"all-in-one": {"sides:api-side/__shared__", "sides:both-sides/__shared__", "sides:worker-side/__shared__", sse.ConsumerName + "/sides-all-in-one"},
+			}[mode]
+			require.Equal(t, rows, stateRows(t, db))
 			require.NoError(t, s.stop(t))
 			// The api-side projection runs in neither split mode: both say so.
 			warned := strings.Contains(logs.String(), "a shared projection with runIn api runs only in all-in-one processes")

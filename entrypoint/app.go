@@ -206,7 +206,7 @@ func New(ctx context.Context, opts Options) (_ *App, err error) {
 		}
 		a.onShutdown(func(context.Context) error { a.hub.Close(); return nil })
 	}
-	consumers := a.consumers()
+	consumers, reserve := a.consumers()
 	// Jobs (entrypoint/jobs.go): the runner of this mode and the
 	// job-trigger consumer.
 	if consumers, err = a.setupJobs(consumers); err != nil {
@@ -227,6 +227,7 @@ func New(ctx context.Context, opts Options) (_ *App, err error) {
 			Metrics:      a.metrics,
 			// 0 (a Config built in code) is the dispatcher's default.
 			MaxConcurrentPasses: cfg.DispatcherMaxConcurrentPasses,
+			Reserve:             reserve,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("entrypoint: %w", err)
@@ -276,23 +277,28 @@ func New(ctx context.Context, opts Options) (_ *App, err error) {
 	return a, nil
 }
 
-// consumers returns the consumers this mode runs.
-func (a *App) consumers() []dispatcher.Consumer {
-	var out []dispatcher.Consumer
+// consumers returns the consumers this mode runs, and those whose state
+// rows it registers without running them (dispatcher.Config.Reserve): the
+// shared projections with runIn api, which neither an api nor a worker
+// process runs (§7). Without a row of theirs in a deployment of api and
+// worker processes, the prune counted them as not registered yet for good
+// (it keeps what they have not delivered), and no verb could disable them.
+func (a *App) consumers() (run, reserve []dispatcher.Consumer) {
 	for _, c := range dispatcher.ProjectionConsumers(a.reg, nil) {
 		p := a.reg.Projection(c.Name)
 		if a.runs(p.Options().RunIn, c.Delivery) {
-			out = append(out, c)
+			run = append(run, c)
 		} else if c.Delivery == framework.DeliveryShared && p.Options().RunIn == framework.RunInAPI {
-			// Neither an api nor a worker process runs it (§7).
-			a.log.Warn("a shared projection with runIn api runs only in all-in-one processes: api processes run no shared consumers, workers only runIn worker or both",
+			reserve = append(reserve, c)
+			a.log.Warn("a shared projection with runIn api runs only in all-in-one processes: api processes run no shared consumers, workers only runIn worker or both; "+
+				"its state row holds back the prune of its event types until an all-in-one process delivers them or it is disabled",
 				"projection", c.Name)
 		}
 	}
 	if a.hub != nil {
-		out = append(out, a.hub.Consumer())
+		run = append(run, a.hub.Consumer())
 	}
-	return out
+	return run, reserve
 }
 
 // runs applies the mode table (ARCHITECTURE §7) to one consumer: an api

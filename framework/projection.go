@@ -55,7 +55,8 @@ type ProjectionOptions struct {
 	// RunIn selects the process kind of a shared projection: worker and
 	// both run it in worker and all-in-one processes, api only in
 	// all-in-one ones (api processes run no shared consumers, ARCHITECTURE
-	// §7). A per-instance projection runs in every api and all-in-one
+	// §7; api and worker processes register its state row all the same, so
+	// that a prune keeps its events and it can be disabled). A per-instance projection runs in every api and all-in-one
 	// process whatever RunIn says. Defaults to RunInWorker.
 	RunIn RunIn
 	// SkipApplyErrors moves past a failing event (recording it as a dead

@@ -9,6 +9,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -78,6 +79,16 @@ type Config struct {
 	PassTimeout time.Duration
 	// Metrics registers the dispatcher's collectors. Defaults to none.
 	Metrics prometheus.Registerer
+	// Reserve are shared consumers this process does not run, whose state
+	// rows [Dispatcher.Register] creates all the same, at the start of the
+	// log, when the consumer has no row yet (a row it has, in any
+	// partitioning, is left as it is): until the processes that run it
+	// deliver, its row holds back a prune of its types, shows its lag and
+	// takes the consumer verbs (disable lets the prune go on). Only Name,
+	// EventTypes and Partitions are read. The entrypoint reserves the
+	// shared projections with runIn api, which api and worker processes do
+	// not run. Defaults to none.
+	Reserve []Consumer
 }
 
 // NotifyChannel is the Postgres channel of the coalesced wake-up NOTIFY.
@@ -95,6 +106,7 @@ type Dispatcher struct {
 	consumers []*consumerRun
 	byName    map[string]*consumerRun // by state-row name
 	bases     map[string]layout       // by declared name
+	reserved  []reservedRow           // Config.Reserve
 	slots     chan struct{}
 	notifyReq chan struct{}
 	metrics   *metrics
@@ -265,6 +277,16 @@ func New(pool *pgxpool.Pool, reg *framework.Registry, consumers []Consumer, cfg 
 			d.byName[pc.Name] = cr
 		}
 	}
+	for _, r := range c.Reserve {
+		switch _, dup := d.bases[r.Name]; {
+		case r.Name == "" || partitionSuffix.MatchString(r.Name) || r.Partitions < 0 || r.Partitions > framework.MaxPartitions:
+			problems = append(problems, fmt.Errorf("dispatcher: reserved consumer %q: bad name or partitions", r.Name))
+		case dup || slices.ContainsFunc(d.reserved, func(o reservedRow) bool { return o.base == r.Name }):
+			problems = append(problems, fmt.Errorf("dispatcher: consumer %s registered twice", r.Name))
+		default:
+			d.reserved = append(d.reserved, reservedRow{base: r.Name, types: r.EventTypes, partitions: max(r.Partitions, 1)})
+		}
+	}
 	if len(problems) > 0 {
 		return nil, errors.Join(problems...)
 	}
@@ -334,6 +356,24 @@ SELECT $1, $2, $3,
 ON CONFLICT (name, instance_id) DO UPDATE SET event_types = EXCLUDED.event_types, heartbeat_at = now()
 RETURNING cursor_commit_key, cursor_position, status`
 
+// reservedRow is a consumer of Config.Reserve.
+type reservedRow struct {
+	base       string
+	types      []string
+	partitions int
+}
+
+// reserveSQL creates the shared state rows of a reserved consumer ($1, of
+// types $2, in $3 partitions) at the start of the log, as a process that
+// runs it registers them, unless a row of it exists in any partitioning.
+const reserveSQL = `INSERT INTO event_consumers (name, instance_id, event_types, cursor_commit_key, cursor_position,
+  partition_index, partition_count)
+SELECT CASE WHEN $3::int > 1 THEN $1 || '@' || i ELSE $1 END, '__shared__', $2, '0'::xid8, 0, i, $3
+FROM generate_series(0, $3::int - 1) AS i
+WHERE NOT EXISTS (SELECT 1 FROM event_consumers c WHERE c.instance_id = '__shared__'
+  AND (c.name = $1 OR (starts_with(c.name, $1 || '@') AND substr(c.name, length($1) + 2) ~ '^[0-9]+$')))
+ON CONFLICT (name, instance_id) DO NOTHING`
+
 // Register creates every consumer's state row (cursor at the start of the
 // log, or at its head for StartAtHead) before any pass runs, so that a prune
 // cannot delete what a consumer has not seen. Run calls it first.
@@ -343,7 +383,8 @@ RETURNING cursor_commit_key, cursor_position, status`
 // them has an event left to deliver before it (one cursor, as an
 // unpartitioned consumer has, always lines up); the stored rows' dead
 // letters go to the new partition of their event's stream. Otherwise Register fails
-// with a *[LayoutError] and changes nothing.
+// with a *[LayoutError] and changes nothing. It creates the rows of the
+// reserved consumers ([Config].Reserve) that have none.
 func (d *Dispatcher) Register(ctx context.Context) error {
 	tx, err := d.pool.Begin(ctx)
 	if err != nil {
@@ -367,6 +408,9 @@ func (d *Dispatcher) Register(ctx context.Context) error {
 			c.remember(cur, status)
 			return nil
 		})
+	}
+	for _, r := range d.reserved {
+		b.Queue(reserveSQL, r.base, r.types, r.partitions)
 	}
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("dispatcher: register consumers: %w", err)

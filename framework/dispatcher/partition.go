@@ -148,14 +148,24 @@ func (d *Dispatcher) lineUp(ctx context.Context, tx pgx.Tx) error {
 	for _, l := range d.bases {
 		declared = append(declared, l)
 	}
-	slices.SortFunc(declared, func(a, b layout) int {
-		return strings.Compare(LayoutLockKey(a.base, a.instance), LayoutLockKey(b.base, b.instance))
-	})
+	// The reserved consumers' locks too, in one sorted order with the
+	// others (two processes taking them in different orders could
+	// deadlock): their rows are created in this transaction.
+	keys := make([]string, 0, len(declared)+len(d.reserved))
+	for _, l := range declared {
+		keys = append(keys, LayoutLockKey(l.base, l.instance))
+	}
+	for _, r := range d.reserved {
+		keys = append(keys, LayoutLockKey(r.base, SharedInstance))
+	}
+	slices.Sort(keys)
 	bases, insts := make([]string, len(declared)), make([]string, len(declared))
 	b := &pgx.Batch{}
 	for i, l := range declared {
 		bases[i], insts[i] = l.base, l.instance
-		b.Queue(layoutLockSQL, LayoutLockKey(l.base, l.instance))
+	}
+	for _, k := range keys {
+		b.Queue(layoutLockSQL, k)
 	}
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("lock consumer registration: %w", err)
