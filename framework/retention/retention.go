@@ -95,7 +95,7 @@ func (e *LagError) Error() string {
 	if unregistered {
 		// No row: the consumer verbs have nothing to move on yet.
 		b.WriteString("\nconsumers not registered yet are declared by this build but no process of it has run them: " +
-			"start the release's workers (or all-in-one processes), which register them at the start of the log, then prune again")
+			"start the release's workers or all-in-one processes (any of its processes, for a shared projection with runIn api), which register them at the start of the log, then prune again")
 	}
 	for _, c := range e.Consumers {
 		// Skipping or rewinding a rebuild's temporary consumer would drop
