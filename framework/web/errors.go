@@ -91,9 +91,9 @@ func fromHTTPError(c echo.Context, he *echo.HTTPError) *framework.Error {
 	req := c.Request()
 	switch {
 	case errors.Is(he, echo.ErrNotFound):
-		return &framework.Error{Code: framework.CodeNotFound, Message: fmt.Sprintf("no route for %s %s", req.Method, req.URL.Path), Err: he}
+		return &framework.Error{Code: framework.CodeNotFound, Message: fmt.Sprintf("no route for %s %s", req.Method, req.URL.EscapedPath()), Err: he}
 	case errors.Is(he, echo.ErrMethodNotAllowed):
-		e := &framework.Error{Code: codeMethodNotAllowed, Message: fmt.Sprintf("method %s is not allowed on %s", req.Method, req.URL.Path), Err: he}
+		e := &framework.Error{Code: codeMethodNotAllowed, Message: fmt.Sprintf("method %s is not allowed on %s", req.Method, req.URL.EscapedPath()), Err: he}
 		if allow := c.Response().Header().Get(echo.HeaderAllow); allow != "" {
 			e.Details = map[string]any{"allow": allow}
 		}

@@ -456,6 +456,10 @@ func TestRejected(t *testing.T) {
 		// Routing.
 		{"unknown route", request{method: http.MethodGet, path: "/nope"}, 404, "not_found", []check{message("/nope")}},
 		{"unknown api route", request{path: "/api/nope", token: tok, body: `{}`}, 404, "not_found", nil},
+		// The router matches the path as sent: the message repeats that,
+		// not the decoded path, which names a route that exists.
+		{"percent-encoded route", request{path: "/api/%77rite", token: tok, body: `{}`}, 404, "not_found",
+			[]check{message("no route for POST /api/%77rite")}},
 		{"wrong method", request{method: http.MethodGet, path: "/api/write", token: tok}, 405, "method_not_allowed",
 			[]check{header("Allow", http.MethodPost)}},
 		{"wrong method without token", request{method: http.MethodPut, path: "/api/batch", body: `{}`}, 405, "method_not_allowed", nil},
