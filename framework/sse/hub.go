@@ -261,9 +261,16 @@ const walPositionSQL = `SELECT pg_current_wal_insert_lsn()::text`
 // all of them (the replica waits for it, or the primary answers). Each of
 // them has ended before the position is read: the hub receives only events
 // below the visibility horizon (Prime's position is that horizon), and a
-// resume id names an event some hub delivered, checked before. One read
-// serves every stream that subscribed before it: a burst of reconnecting
-// clients costs one query, not one each.
+// resume id names an event checked before. One read serves every stream
+// that subscribed before it: a burst of reconnecting clients costs one
+// query, not one each.
+//
+// The cached token stands only for what the hub had when it was read,
+// never for a resume id ahead of the hub: such an id comes from the client
+// (another instance's stream, or forged from a guessable transaction id),
+// and events before it may still commit, another tenant's among them,
+// after the read. Cached as covering the id, the token would open that
+// tenant's later streams short of events they do not send.
 func (h *Hub) openToken(ctx context.Context, upTo eventstore.Cursor) (string, error) {
 	select {
 	case h.openSem <- struct{}{}:
@@ -275,9 +282,6 @@ func (h *Hub) openToken(ctx context.Context, upTo eventstore.Cursor) (string, er
 		return h.openTok.token, nil
 	}
 	covers := h.Position()
-	if covers.Less(upTo) {
-		covers = upTo
-	}
 	var token string
 	if err := h.pool.QueryRow(ctx, walPositionSQL).Scan(&token); err != nil {
 		return "", fmt.Errorf("sse: read wal position: %w", err)

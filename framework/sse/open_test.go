@@ -70,3 +70,73 @@ func TestOpeningFrameCoversTheEventsBeforeTheStream(t *testing.T) {
 	evs := resumed.waitFor(t, 1)
 	require.Equal(t, "orders:event:placed", evs[0].Type, "the opening frame is not among the events")
 }
+
+// TestOpeningTokenNotCachedPastTheHub: a resume id ahead of the hub (here
+// one forged by its tenant's client, from a guessable transaction id: the
+// event is committed, but behind a transaction of another tenant that is
+// still open) must not stand for what the hub has delivered. The stream
+// of another tenant that opens once the hub got both events must get a
+// token at or past the commit of the other tenant's event, not the one
+// read for the forged resume before that commit: with it, the other
+// tenant's load on a lagging replica misses an event its stream counts as
+// before its start.
+func TestOpeningTokenNotCachedPastTheHub(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := context.Background()
+
+	// Tenant rival's transaction takes its transaction id and appends, and
+	// stays open: the horizon stays below it.
+	appended, commit := make(chan struct{}), make(chan struct{})
+	committed := make(chan error, 1)
+	go func() {
+		_, err := b.rt.InTx(ctx, "rival", framework.Metadata{}, func(_ context.Context, tx *framework.Tx) error {
+			if err := tx.Append(framework.Stream{Type: "memo", ID: uuid.NewString()}, framework.NoStream, b.noted.With(Noted{N: 1})); err != nil {
+				return err
+			}
+			if _, err := tx.Flush(ctx); err != nil {
+				return err
+			}
+			close(appended)
+			<-commit
+			return nil
+		})
+		committed <- err
+	}()
+	<-appended
+	// Tenant acme's event commits after it, with a later commit key.
+	b.note(t, "acme", "memo", 2, "")
+	forged := b.logOf(t, "acme")[0]
+	forgedCur, err := sse.ParseEventID(forged)
+	require.NoError(t, err)
+	require.True(t, b.hub.Position().Less(forgedCur), "the hub cannot have acme's event before rival's commits")
+
+	// acme's client resumes from that id: visible, so it is accepted.
+	o := b.connect(t, request{tenant: "acme", lastID: forged})
+	eventually(t, "acme's opening frame", func() bool {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		return o.open.ConsistencyToken != "" || o.err != nil
+	})
+
+	close(commit)
+	require.NoError(t, <-committed)
+	var afterCommit string
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&afterCommit))
+	eventually(t, "hub has both events", func() bool { return !b.hub.Position().Less(forgedCur) })
+
+	// rival's fresh stream starts after its event: it will not send it.
+	c := b.connect(t, request{tenant: "rival"})
+	eventually(t, "rival's opening frame", func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.open.ConsistencyToken != "" || c.err != nil
+	})
+	c.mu.Lock()
+	tok, cerr := c.open.ConsistencyToken, c.err
+	c.mu.Unlock()
+	require.NoError(t, cerr)
+	var covers bool
+	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT $1::pg_lsn >= $2::pg_lsn`, tok, afterCommit).Scan(&covers))
+	require.True(t, covers, "rival's stream opened with %s, before the commit of rival's event (%s) it does not send", tok, afterCommit)
+}
