@@ -82,13 +82,16 @@ func (h *Hub) Serve(c echo.Context) error {
 		}
 		resume = true
 	}
-	ctx := req.Context()
+	// Close cancels it: a read the handler waits for must not hold the
+	// server's shutdown up.
+	ctx, release := h.withClose(req.Context())
+	defer release()
 	if err := h.waitReady(ctx); err != nil {
-		return err
+		return h.closedOr(err)
 	}
 	if resume {
 		if err := h.checkCursor(ctx, p.TenantID, filter, after); err != nil {
-			return err
+			return h.closedOr(err)
 		}
 	}
 
@@ -108,7 +111,7 @@ func (h *Hub) Serve(c echo.Context) error {
 	token, err := h.openToken(ctx, upTo)
 	if err != nil {
 		if ctx.Err() != nil {
-			return ctx.Err()
+			return h.closedOr(ctx.Err())
 		}
 		return &framework.Error{Code: framework.CodeUnavailable, Message: "database unavailable", Err: err}
 	}
@@ -221,6 +224,15 @@ func (s *stream) beatDuringReplay(ctx context.Context) (stop func()) {
 		close(quit)
 		<-done
 	}
+}
+
+// closedOr returns the 503 of a hub shutting down when Close ended the
+// request (its context), and err otherwise.
+func (h *Hub) closedOr(err error) error {
+	if h.isClosed() && errors.Is(err, context.Canceled) {
+		return &framework.Error{Code: framework.CodeUnavailable, Message: "the event stream is shutting down", Err: err}
+	}
+	return err
 }
 
 // waitReady waits for Prime, bounded by ReadyWait.

@@ -103,6 +103,11 @@ type Hub struct {
 	}
 	openSem chan struct{}
 
+	// cancels holds the cancel of each request's context (see
+	// withClose), keyed by cancelSeq (on mu): Close cancels them all.
+	cancels   map[uint64]context.CancelFunc
+	cancelSeq uint64
+
 	ready     chan struct{}
 	readyOnce sync.Once
 	done      chan struct{}
@@ -138,6 +143,7 @@ func New(pool *pgxpool.Pool, reg *framework.Registry, cfg *Config) (*Hub, error)
 		cfg:     c,
 		log:     cmp.Or(c.Logger, slog.New(slog.DiscardHandler)),
 		tenants: map[string]map[*subscriber]struct{}{},
+		cancels: map[uint64]context.CancelFunc{},
 		// At least one: Publish must be able to hand over an event.
 		maxPending: max(c.Buffer/2, 1),
 		work:       make(chan struct{}, 1),
@@ -310,12 +316,14 @@ func (h *Hub) Clients() int {
 // Close ends every stream (the handlers return, so the HTTP server can shut
 // down), refuses new ones with 503 and stops the hub's fan-out goroutine,
 // which [New] started. A stream ends before its next write, whether it is
-// live or still replaying a backlog, and ends its response normally; a write
-// in progress (a client that is slow to read) is cut at once instead of
-// holding the shutdown up for Config.WriteTimeout, so that client sees a
-// truncated response. Either way a client resumes elsewhere from the last
-// complete frame it got. Call Close when done with the hub; it is
-// idempotent.
+// live or still replaying a backlog, and ends its response normally; a
+// database read it waits for (a page of its replay, its resume id's check,
+// its opening token) is cancelled, as a lock held by a migration may hold it
+// for longer than the drain; a write in progress (a client that is slow to
+// read) is cut at once instead of holding the shutdown up for
+// Config.WriteTimeout, so that client sees a truncated response. Either way
+// a client resumes elsewhere from the last complete frame it got. Call
+// Close when done with the hub; it is idempotent.
 func (h *Hub) Close() {
 	h.closeOnce.Do(func() {
 		h.mu.Lock()
@@ -327,9 +335,34 @@ func (h *Hub) Close() {
 				s.cutWrite()
 			}
 		}
+		for _, cancel := range h.cancels {
+			cancel()
+		}
+		clear(h.cancels)
 		h.mu.Unlock()
 	})
 	<-h.fanDone
+}
+
+// withClose returns a context derived from ctx that Close cancels too, and
+// its release, which the caller must call when done with it.
+func (h *Hub) withClose(ctx context.Context) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		cancel()
+		return ctx, func() {}
+	}
+	h.cancelSeq++
+	id := h.cancelSeq
+	h.cancels[id] = cancel
+	return ctx, func() {
+		h.mu.Lock()
+		delete(h.cancels, id)
+		h.mu.Unlock()
+		cancel()
+	}
 }
 
 // frame is one encoded event, shared by every client that gets it.
