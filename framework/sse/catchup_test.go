@@ -21,7 +21,7 @@ import (
 
 // TestResumeUnderSteadyLoadReachesLive: a client resumes far behind (a
 // backlog of thousands of events) while a writer appends steadily, one
-// event every 5 ms. Its replay takes longer than its small buffer can hold
+// event every 10 ms. Its replay takes longer than its small buffer can hold
 // the live events that arrive meanwhile, although the client reads as fast
 // as it can. It must not be dropped for that: it must reach the live part
 // of the stream while the writer goes on, in one connection, with the
@@ -41,7 +41,7 @@ func TestResumeUnderSteadyLoadReachesLive(t *testing.T) {
 	const (
 		buffer  = 16
 		backlog = 2000
-		pace    = 5 * time.Millisecond
+		pace    = 10 * time.Millisecond
 		retry   = time.Second
 		// reach is how long the client has to reach live; the replay of
 		// the backlog takes a second or two.
