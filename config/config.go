@@ -707,8 +707,10 @@ func (l *loader) databaseURL(name string, required bool) (string, *pgxpool.Confi
 }
 
 // keywordValueStart matches the start of a keyword/value connection string
-// ("host=db ...").
-var keywordValueStart = regexp.MustCompile(`^\s*[A-Za-z_][A-Za-z0-9_]*\s*=`)
+// ("host=db ..."). pgx sends a setting it does not know as a run-time
+// parameter, so the first may be a custom one by its dotted name
+// ("app.region=eu host=db ...").
+var keywordValueStart = regexp.MustCompile(`^\s*[A-Za-z_][A-Za-z0-9_.]*\s*=`)
 
 // pgForms says what DATABASE_URL and DATABASE_READ_URL accept.
 const pgForms = `use a postgres:// or postgresql:// URL, or keyword/value settings such as "host=db dbname=app user=app"`
