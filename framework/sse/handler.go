@@ -99,7 +99,7 @@ func (h *Hub) Serve(c echo.Context) error {
 	// The controller of the underlying writer: echo.Response.Flush swallows
 	// errors.
 	rc := http.NewResponseController(w.Writer)
-	sub, err := h.subscribe(p.TenantID, filter, resume, func() { _ = rc.SetWriteDeadline(time.Unix(1, 0)) })
+	sub, err := h.subscribe(p.TenantID, filter, resume, func(d time.Time) { _ = rc.SetWriteDeadline(d) })
 	if err != nil {
 		return &framework.Error{Code: framework.CodeUnavailable, Message: "the event stream is shutting down", Err: err}
 	}
@@ -477,8 +477,10 @@ func (s *stream) write(parts ...[]byte) error {
 func (s *stream) begin() error { return s.arm(true) }
 
 // arm sets a fresh write deadline, unless the client was dropped or the hub
-// closed (the deadline in the past that cut the write must stay, see
-// subscriber.wmu); start also marks the subscriber as writing.
+// closed (the deadline that cuts the write must stay, see subscriber.wmu);
+// start also marks the subscriber as writing. A write going on (start
+// false) when the hub has closed goes on under the deadline Close gave it,
+// so that a client that reads gets its frames whole.
 func (s *stream) arm(start bool) error {
 	s.sub.wmu.Lock()
 	defer s.sub.wmu.Unlock()
@@ -486,7 +488,10 @@ func (s *stream) arm(start bool) error {
 	case <-s.sub.gone:
 		return errWrite
 	case <-s.h.done:
-		return ErrClosed
+		if start {
+			return ErrClosed
+		}
+		return nil
 	default:
 	}
 	if start {

@@ -320,19 +320,22 @@ func (h *Hub) Clients() int {
 // database read it waits for (a page of its replay, its resume id's check,
 // its opening token) is cancelled, as a lock held by a migration may hold it
 // for longer than the drain; a write in progress (a client that is slow to
-// read) is cut at once instead of holding the shutdown up for
-// Config.WriteTimeout, so that client sees a truncated response. Either way
-// a client resumes elsewhere from the last complete frame it got. Call
+// read) may go on for 250 ms (or Config.WriteTimeout, if shorter) and is
+// cut then instead of holding the shutdown up for Config.WriteTimeout: a
+// client that reads gets its frame whole and a clean end, one that does
+// not sees a truncated response. Either way a client resumes elsewhere
+// from the last complete frame it got. Call
 // Close when done with the hub; it is idempotent.
 func (h *Hub) Close() {
 	h.closeOnce.Do(func() {
+		grace := time.Now().Add(min(closeGrace, h.cfg.WriteTimeout))
 		h.mu.Lock()
 		h.closed = true
 		h.space.Broadcast()
 		close(h.done)
 		for _, set := range h.tenants {
 			for s := range set {
-				s.cutWrite()
+				s.cutWrite(grace)
 			}
 		}
 		for _, cancel := range h.cancels {
@@ -383,8 +386,9 @@ type subscriber struct {
 	notify chan struct{}
 	// gone is closed when the hub dropped the client.
 	gone chan struct{}
-	// kill cuts a blocked write short; set before the subscriber is added.
-	kill func()
+	// kill sets the deadline of the subscriber's writes, which cuts a
+	// blocked one short at that time; set before the subscriber is added.
+	kill func(deadline time.Time)
 	// wmu orders a write's start (its check of gone and the hub's done, and
 	// its deadline) against the drop or Close that cuts it: a write either
 	// sees it and does not start, or has started and is cut.
@@ -591,7 +595,7 @@ func (s *subscriber) discard() {
 // writes short when the hub drops it. A client that replays first
 // (replaying) is not dropped when its queue overflows before it calls
 // rejoin.
-func (h *Hub) subscribe(tenant string, f Filter, replaying bool, kill func()) (*subscriber, error) {
+func (h *Hub) subscribe(tenant string, f Filter, replaying bool, kill func(deadline time.Time)) (*subscriber, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
@@ -667,18 +671,24 @@ func (h *Hub) dropLocked(s *subscriber) {
 	defer s.wmu.Unlock()
 	close(s.gone)
 	if s.kill != nil {
-		s.kill()
+		s.kill(time.Unix(1, 0))
 	}
 }
 
-// cutWrite cuts the subscriber's write in progress, if any (Close: the hub's
-// done is closed already, so no later write starts). A subscriber that is
-// not writing keeps its connection usable to end its response normally.
-func (s *subscriber) cutWrite() {
+// closeGrace is how long a write in progress when the hub closes may go on
+// (at most Config.WriteTimeout): a client that reads gets its frame whole
+// and a clean end, one that does not is cut then.
+const closeGrace = 250 * time.Millisecond
+
+// cutWrite bounds the subscriber's write in progress, if any, by deadline
+// (Close: the hub's done is closed already, so no later write starts, and
+// the write does not renew its deadline, see stream.arm). A subscriber that
+// is not writing keeps its connection usable to end its response normally.
+func (s *subscriber) cutWrite(deadline time.Time) {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
 	if s.writing && s.kill != nil {
-		s.kill()
+		s.kill(deadline)
 	}
 }
 
