@@ -105,11 +105,16 @@ func (a *App) sharedChecks(ctx context.Context) []Check {
 	}
 	a.readyMu.Unlock()
 	if owner {
-		run.checks = a.runChecks(context.WithoutCancel(ctx))
-		a.readyMu.Lock()
-		a.readyRun = nil
-		a.readyMu.Unlock()
-		close(run.done)
+		func() {
+			// Deferred: whatever ends the run, later probes start their own.
+			defer func() {
+				a.readyMu.Lock()
+				a.readyRun = nil
+				a.readyMu.Unlock()
+				close(run.done)
+			}()
+			run.checks = a.runChecks(context.WithoutCancel(ctx))
+		}()
 	}
 	select {
 	case <-run.done:

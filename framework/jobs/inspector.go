@@ -341,6 +341,8 @@ func (i *Inspector) takeUnique(ctx context.Context, queue, id string) (string, e
 		return "", fmt.Errorf("jobs: retry %s: %w", id, err)
 	case took == 2:
 		return "", fmt.Errorf("%w (%s is being retried already)", ErrNotRetryable, id)
+	case took == 3:
+		return "", fmt.Errorf("%w: %s", ErrTaskNotFound, id)
 	case took != 1:
 		return "", fmt.Errorf("%w: an equal run of %s holds its Unique window", ErrDuplicate, ti.Type)
 	}
@@ -354,7 +356,8 @@ func (i *Inspector) takeUnique(ctx context.Context, queue, id string) (string, e
 // pending (see staleUniqueScript; ARGV[3] is the queue's task key prefix,
 // ARGV[4] how long a mark holds). A lock held by a run that waits, runs or
 // is being retried is kept: the answer is 0, or 2 when that run is this
-// one (a concurrent retry of it); 1 when the window was taken. A lock held
+// one (a concurrent retry of it), 3 when the run is gone (deleted
+// meanwhile); 1 when the window was taken. A lock held
 // by an archived run (this one among them: its workers died) or by none is
 // taken.
 var takeUniqueScript = redis.NewScript(`local t = redis.call("TIME")
@@ -367,7 +370,9 @@ if holder then
     return 0
   end
 end
-if redis.call("HGET", KEYS[2], "state") ~= "archived" then return 2 end
+local own = redis.call("HGET", KEYS[2], "state")
+if not own then return 3 end
+if own ~= "archived" then return 2 end
 redis.call("SET", KEYS[1], ARGV[1], "PX", ARGV[2])
 redis.call("HSET", KEYS[2], "` + retryingField + `", now)
 return 1`)
