@@ -39,7 +39,10 @@ import (
 func TestResumeUnderSteadyLoadReachesLive(t *testing.T) {
 	t.Parallel()
 	const (
-		buffer  = 16
+		// buffer holds 640 ms of the writer's events: far less than the
+		// replay takes, and enough slack once live for a reader that a
+		// loaded machine starves for a moment.
+		buffer  = 64
 		backlog = 2000
 		pace    = 10 * time.Millisecond
 		retry   = time.Second
