@@ -69,6 +69,15 @@
 // live. A client that reads faster than events arrive thus always reaches
 // live, however far behind it resumed, without a gap or a duplicate.
 //
+// The replays share the pool with the writes. Each read of a resuming
+// stream (its id's check, each page) holds a connection while it runs, so
+// at most Config.ReplayConns of them (a quarter of the pool's MaxConns, at
+// least 1) run at once, and a stream takes its turn per page: a burst of
+// reconnecting clients (an API instance died, and its browsers resume on
+// the others) queues for that share instead of taking every connection and
+// leaving the writes to wait. A stream waiting for its turn gets its
+// heartbeats; the request going away or [Hub.Close] ends the wait.
+//
 // A malformed id (a lastEventId parameter given empty, without the header,
 // among them), or one that does not name an event of this log visible to
 // the caller's tenant (the event at the id's position must exist, belong to

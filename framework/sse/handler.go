@@ -227,9 +227,9 @@ func (s *stream) beatDuringReplay(ctx context.Context) (stop func()) {
 }
 
 // closedOr returns the 503 of a hub shutting down when Close ended the
-// request (its context), and err otherwise.
+// request (its context, or a wait for its turn to read), and err otherwise.
 func (h *Hub) closedOr(err error) error {
-	if h.isClosed() && errors.Is(err, context.Canceled) {
+	if h.isClosed() && (errors.Is(err, context.Canceled) || errors.Is(err, ErrClosed)) {
 		return &framework.Error{Code: framework.CodeUnavailable, Message: "the event stream is shutting down", Err: err}
 	}
 	return err
@@ -279,13 +279,15 @@ WHERE (commit_key, position) > ($1::xid8, $2::bigint) AND type = ANY($3)
 func (h *Hub) checkCursor(ctx context.Context, tenant string, f Filter, cur eventstore.Cursor) error {
 	var key uint64
 	var pruned bool
-	err := h.inTenant(ctx, tenant, func(db eventstore.DB) error {
+	err := h.replayRead(ctx, tenant, func(db eventstore.DB) error {
 		if err := db.QueryRow(ctx, checkCursorSQL, cur.Position).Scan(&key); err != nil {
 			return err
 		}
 		return db.QueryRow(ctx, prunedAfterSQL, cur.CommitKey, cur.Position, h.sentTypes(f), f.StreamTypes).Scan(&pruned)
 	})
 	switch {
+	case errors.Is(err, ErrClosed):
+		return err
 	case errors.Is(err, pgx.ErrNoRows), err == nil && key != cur.CommitKey:
 		return &framework.Error{Code: framework.CodeBadRequest,
 			Message: "Last-Event-ID does not name an event of this stream: reconnect without it",
@@ -315,6 +317,23 @@ func (h *Hub) sentTypes(f Filter) []string {
 		}
 	}
 	return out
+}
+
+// replayRead is inTenant for the reads of resuming streams (a resume id's
+// check, a page of a replay): it waits for its turn among
+// Config.ReplayConns, so that a burst of them leaves the rest of the pool
+// to the writes. The wait ends with the request (ctx) and with Close
+// (ErrClosed).
+func (h *Hub) replayRead(ctx context.Context, tenant string, fn func(db eventstore.DB) error) error {
+	select {
+	case h.replaySem <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-h.done:
+		return ErrClosed
+	}
+	defer func() { <-h.replaySem }()
+	return h.inTenant(ctx, tenant, fn)
 }
 
 // inTenant runs fn in a read-only transaction scoped to tenant (row-level
@@ -363,7 +382,7 @@ func (h *Hub) replay(ctx context.Context, tenant string, f Filter, after, upTo e
 		}
 		var recs []eventstore.Record
 		var pruned bool
-		err := h.inTenant(ctx, tenant, func(db eventstore.DB) error {
+		err := h.replayRead(ctx, tenant, func(db eventstore.DB) error {
 			var err error
 			recs, err = eventstore.ReadAfterFiltered(ctx, db, after, h.cfg.ReplayBatch, eventstore.ReadOptions{Types: f.Types})
 			if err != nil {
@@ -373,6 +392,9 @@ func (h *Hub) replay(ctx context.Context, tenant string, f Filter, after, upTo e
 			// marks and deletions commit together) shows here.
 			return db.QueryRow(ctx, prunedAfterSQL, after.CommitKey, after.Position, h.sentTypes(f), f.StreamTypes).Scan(&pruned)
 		})
+		if errors.Is(err, ErrClosed) {
+			return err
+		}
 		if err != nil {
 			return fmt.Errorf("sse: replay: %w", err)
 		}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
@@ -44,6 +45,7 @@ type Noted struct {
 // fresh database.
 type bundle struct {
 	db      *kumikotest.DB
+	pool    *pgxpool.Pool // the runtime's, hub's and dispatcher's
 	reg     *framework.Registry
 	rt      *framework.Runtime
 	hub     *sse.Hub
@@ -62,7 +64,23 @@ func setup(t *testing.T, cfg *sse.Config) *bundle {
 // setupWith is setup that lets register declare more on the registry.
 func setupWith(t *testing.T, cfg *sse.Config, register func(reg *framework.Registry)) *bundle {
 	t.Helper()
+	return setupPool(t, cfg, register, 0)
+}
+
+// setupPool is setupWith whose runtime, hub and dispatcher share a pool of
+// maxConns connections (0: the test database's pool, the default size).
+func setupPool(t *testing.T, cfg *sse.Config, register func(reg *framework.Registry), maxConns int32) *bundle {
+	t.Helper()
 	b := &bundle{db: kumikotest.NewDB(t), reg: framework.NewRegistry(), metrics: prometheus.NewRegistry()}
+	b.pool = b.db.Pool
+	if maxConns > 0 {
+		pc, err := pgxpool.ParseConfig(b.db.URL)
+		require.NoError(t, err)
+		pc.MaxConns = maxConns
+		b.pool, err = pgxpool.NewWithConfig(context.Background(), pc)
+		require.NoError(t, err)
+		t.Cleanup(b.pool.Close)
+	}
 	orders.Register(b.reg)
 	b.noted = framework.DefineEvent[Noted](b.reg.Feature("sse-test"), "noted", nil)
 	if register != nil {
@@ -70,17 +88,17 @@ func setupWith(t *testing.T, cfg *sse.Config, register func(reg *framework.Regis
 	}
 	require.NoError(t, b.reg.Build())
 	var err error
-	b.rt, err = framework.NewRuntime(b.reg, b.db.Pool, nil)
+	b.rt, err = framework.NewRuntime(b.reg, b.pool, nil)
 	require.NoError(t, err)
 	c := sse.Config{}
 	if cfg != nil {
 		c = *cfg
 	}
 	c.Metrics = b.metrics
-	b.hub, err = sse.New(b.db.Pool, b.reg, &c)
+	b.hub, err = sse.New(b.pool, b.reg, &c)
 	require.NoError(t, err)
 	inst := "sse-test-" + uuid.NewString()[:8]
-	d, err := dispatcher.New(b.db.Pool, b.reg, []dispatcher.Consumer{b.hub.Consumer()},
+	d, err := dispatcher.New(b.pool, b.reg, []dispatcher.Consumer{b.hub.Consumer()},
 		&dispatcher.Config{InstanceID: inst, PollInterval: 20 * time.Millisecond})
 	require.NoError(t, err)
 	b.rt.OnCommit(func(int) { d.Wake() })

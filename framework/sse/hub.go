@@ -56,6 +56,16 @@ type Config struct {
 	// ReplayBatch is the number of events one replay query reads.
 	// Defaults to 500.
 	ReplayBatch int
+	// ReplayConns is the most database reads of resuming streams (a resume
+	// id's check, a page of a replay) that run at once, each on a
+	// connection of the pool: the share of the pool the replays of a burst
+	// of reconnecting clients (an API instance died, and its browsers
+	// resume on the others) may take, so that the writes still find
+	// connections. A stream takes its turn per page, not for its whole
+	// replay, so a client that reads slowly holds no one up; a stream
+	// waiting for its turn keeps getting its heartbeats. Defaults to a
+	// quarter of the pool's MaxConns, at least 1.
+	ReplayConns int
 	// ReadyWait is how long a request waits for the hub to be primed (at
 	// process start) before it is answered 503. Defaults to 5s.
 	ReadyWait time.Duration
@@ -103,6 +113,10 @@ type Hub struct {
 	}
 	openSem chan struct{}
 
+	// replaySem (capacity Config.ReplayConns) bounds the replay reads
+	// running at once (see replayRead).
+	replaySem chan struct{}
+
 	// cancels holds the cancel of each request's context (see
 	// withClose), keyed by cancelSeq (on mu): Close cancels them all.
 	cancels   map[uint64]context.CancelFunc
@@ -137,6 +151,7 @@ func New(pool *pgxpool.Pool, reg *framework.Registry, cfg *Config) (*Hub, error)
 	c.WriteTimeout = cmp.Or(max(c.WriteTimeout, 0), 10*time.Second)
 	c.ReplayBatch = cmp.Or(max(c.ReplayBatch, 0), 500)
 	c.ReadyWait = cmp.Or(max(c.ReadyWait, 0), 5*time.Second)
+	c.ReplayConns = cmp.Or(max(c.ReplayConns, 0), max(int(pool.Config().MaxConns)/4, 1))
 	h := &Hub{
 		pool:    pool,
 		reg:     reg,
@@ -148,6 +163,7 @@ func New(pool *pgxpool.Pool, reg *framework.Registry, cfg *Config) (*Hub, error)
 		maxPending: max(c.Buffer/2, 1),
 		work:       make(chan struct{}, 1),
 		openSem:    make(chan struct{}, 1),
+		replaySem:  make(chan struct{}, c.ReplayConns),
 		fanDone:    make(chan struct{}),
 		ready:      make(chan struct{}),
 		done:       make(chan struct{}),

@@ -1,0 +1,222 @@
+package sse_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kumiko-go/kumiko/framework"
+	"github.com/kumiko-go/kumiko/framework/sse"
+)
+
+// TestReplaysLeaveThePoolToWrites: the replays of a burst of resuming
+// clients (an API instance died and its browsers resume on the survivors,
+// each with its Last-Event-ID) share the pool with the writes. Each replay
+// read holds a pool connection while it runs; unbounded, the burst takes
+// every connection when the reads are slow, and the writes wait. Here the
+// reads are held (a lock on event_prune_marks, which every resume check and
+// replay page reads and no write touches), first in the resume checks of
+// the burst, then in the pages of their replays: a write must still get a
+// connection and commit at once, and once the lock is gone every client
+// must get the tenant's log exactly, each event once, in order.
+func TestReplaysLeaveThePoolToWrites(t *testing.T) {
+	t.Parallel()
+	const (
+		conns   = 4
+		clients = 6
+		backlog = 1500
+		// writeWithin bounds a write while the replays are held: it waits
+		// for no replay (a free connection), only for its own round trips.
+		writeWithin = 5 * time.Second
+	)
+	b := setupPool(t, &sse.Config{ReplayBatch: 5}, nil, conns)
+	ctx := context.Background()
+	_, err := b.rt.InTx(ctx, "acme", framework.Metadata{CorrelationID: "backlog"}, func(_ context.Context, tx *framework.Tx) error {
+		for i := range backlog {
+			if err := tx.Append(framework.Stream{Type: "memo", ID: uuid.NewString()}, framework.NoStream, b.noted.With(Noted{N: i})); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	log := b.logOf(t, "acme")
+	end, err := sse.ParseEventID(log[len(log)-1])
+	require.NoError(t, err)
+	eventually(t, "hub past the backlog", func() bool { return !b.hub.Position().Less(end) })
+
+	// hold blocks every replay read until its release.
+	hold := func() (release func()) {
+		tx, err := b.db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, `LOCK TABLE event_prune_marks IN ACCESS EXCLUSIVE MODE`)
+		require.NoError(t, err)
+		return func() { _ = tx.Rollback(ctx) }
+	}
+	waiting := func() int {
+		var n int
+		require.NoError(t, b.db.Pool.QueryRow(ctx,
+			`SELECT count(*) FROM pg_locks WHERE relation = 'event_prune_marks'::regclass AND NOT granted`).Scan(&n))
+		return n
+	}
+	// write appends one note and fails the test unless it commits within
+	// writeWithin.
+	n := 0
+	write := func(what string) {
+		t.Helper()
+		n++
+		wctx, cancel := context.WithTimeout(ctx, writeWithin)
+		defer cancel()
+		began := time.Now()
+		_, err := b.rt.InTx(wctx, "acme", framework.Metadata{}, func(_ context.Context, tx *framework.Tx) error {
+			return tx.Append(framework.Stream{Type: "memo", ID: uuid.NewString()}, framework.NoStream, b.noted.With(Noted{N: backlog + n}))
+		})
+		require.NoError(t, err, "%s: a write found no connection within %s (after %s); the pool: %d of %d acquired",
+			what, writeWithin, time.Since(began), b.pool.Stat().AcquiredConns(), conns)
+	}
+
+	// The burst arrives while the reads are held: its resume checks wait.
+	release := hold()
+	var mu sync.Mutex
+	got := make([][]string, clients)
+	errs := make([]error, clients)
+	rctx, cancel := context.WithTimeout(ctx, 2*wait)
+	defer cancel()
+	var wg sync.WaitGroup
+	for i := range clients {
+		req := b.newRequest(t, rctx, request{tenant: "acme", lastID: log[0]})
+		wg.Go(func() {
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				errs[i] = errors.New(resp.Status)
+				return
+			}
+			rd := sse.NewReader(resp.Body)
+			if _, err := readOpen(rd); err != nil {
+				errs[i] = err
+				return
+			}
+			for {
+				ev, err := rd.Next()
+				if err != nil {
+					errs[i] = err
+					return
+				}
+				mu.Lock()
+				got[i] = append(got[i], ev.ID)
+				mu.Unlock()
+			}
+		})
+	}
+	eventually(t, "the burst's reads wait for the lock", func() bool { return waiting() > 0 })
+	// Let the rest of the burst arrive (they wait for the lock, or for a
+	// connection, or for their share of the pool).
+	time.Sleep(300 * time.Millisecond)
+	write("while the resume checks wait")
+	release()
+
+	// Then held again in their replays' pages.
+	eventually(t, "every client replaying", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for i := range got {
+			if len(got[i]) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	release = hold()
+	write("while the replay pages wait")
+	release()
+	write("after the replays")
+
+	want := b.logOf(t, "acme")[1:]
+	deadline := time.Now().Add(wait)
+	for {
+		mu.Lock()
+		done := true
+		for i := range got {
+			require.NoError(t, errs[i], "client %d", i)
+			if len(got[i]) < len(want) {
+				done = false
+			}
+		}
+		mu.Unlock()
+		if done {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the clients did not get the whole log in time")
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	wg.Wait()
+	for i := range got {
+		require.Equal(t, want, got[i], "client %d: each event once, in order", i)
+	}
+}
+
+// TestCloseEndsTheWaitForAReplayTurn: streams waiting for their turn to
+// read (Config.ReplayConns) are answered by Close at once, as the one whose
+// read Close cancels: a burst waiting behind a slow read must not hold the
+// drain up.
+func TestCloseEndsTheWaitForAReplayTurn(t *testing.T) {
+	t.Parallel()
+	const clients = 3
+	b := setup(t, &sse.Config{ReplayConns: 1})
+	ctx := context.Background()
+	b.note(t, "acme", "memo", 0, "")
+	log := b.logOf(t, "acme")
+	last, err := sse.ParseEventID(log[0])
+	require.NoError(t, err)
+	eventually(t, "hub past the note", func() bool { return !b.hub.Position().Less(last) })
+
+	tx, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `LOCK TABLE event_prune_marks IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+
+	codes := make(chan int, clients)
+	for range clients {
+		req := b.newRequest(t, ctx, request{tenant: "acme", lastID: log[0]})
+		go func() {
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				codes <- 0
+				return
+			}
+			resp.Body.Close()
+			codes <- resp.StatusCode
+		}()
+	}
+	eventually(t, "one read waits for the lock", func() bool {
+		var n int
+		require.NoError(t, b.db.Pool.QueryRow(ctx,
+			`SELECT count(*) FROM pg_locks WHERE relation = 'event_prune_marks'::regclass AND NOT granted`).Scan(&n))
+		return n > 0
+	})
+	time.Sleep(200 * time.Millisecond) // the others reach their wait for a turn
+	began := time.Now()
+	b.hub.Close()
+	for range clients {
+		select {
+		case code := <-codes:
+			require.Equal(t, http.StatusServiceUnavailable, code)
+		case <-time.After(10 * time.Second):
+			t.Fatal("a stream waiting for its turn to read outlasted Close")
+		}
+	}
+	require.Less(t, time.Since(began), 5*time.Second)
+}
