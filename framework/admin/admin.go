@@ -247,7 +247,7 @@ func toError(err error) error {
 		return &framework.Error{Code: framework.CodeNotFound, Message: err.Error(), Err: err}
 	case errors.Is(err, dispatcher.ErrNothingToSkip), errors.Is(err, dispatcher.ErrRewindForward),
 		errors.Is(err, dispatcher.ErrConsumerBusy), errors.Is(err, dispatcher.ErrInstanceAlive),
-		errors.Is(err, dispatcher.ErrRebuildConsumer):
+		errors.Is(err, dispatcher.ErrRebuildConsumer), errors.Is(err, dispatcher.ErrLiveStreamConsumer):
 		return &framework.Error{Code: framework.CodeConflict, Message: err.Error(), Err: err}
 	}
 	return err

@@ -491,3 +491,20 @@ func TestAdminVerbsRefuseARewindTarget(t *testing.T) {
 	require.Equal(t, before.Cursor, after.Cursor)
 	require.Equal(t, before.FailedPosition, after.FailedPosition)
 }
+
+// The SSE consumer's verbs that would take events from its process's live
+// streams are refused with a conflict that says what to do instead.
+func TestAdminRefusesVerbsThatStarveLiveStreams(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tok := b.token(t, "admin")
+	_, err := b.db.Pool.Exec(context.Background(),
+		`INSERT INTO event_consumers (name, instance_id) VALUES ($1, 'api-1')`, dispatcher.SSEConsumerName)
+	require.NoError(t, err)
+	e := b.do(t, http.MethodPost, "/api/admin/consumers/"+dispatcher.SSEConsumerName+"/skip?instance=api-1", tok, "")
+	requireError(t, e, http.StatusConflict, "conflict")
+	require.Contains(t, e.Error.Message, "feeds the live SSE streams of its process and is not failing at an event")
+	e = b.do(t, http.MethodPost, "/api/admin/consumers/"+dispatcher.SSEConsumerName+"/disable", tok, `{"instance":"api-1"}`)
+	requireError(t, e, http.StatusConflict, "conflict")
+	require.Contains(t, e.Error.Message, "drain or stop that process")
+}

@@ -103,6 +103,17 @@ func (e *StateError) Error() string {
 	return fmt.Sprintf("consumer %s is %s; %s needs %s", label(e.Name, e.Instance), e.Status, e.Verb, e.Want)
 }
 
+// SSEConsumerName is the per-instance consumer that feeds a process's live
+// SSE streams (framework/sse's ConsumerName, a package built on this one):
+// what it moves past, its process's live clients never get.
+const SSEConsumerName = "system:consumer:sse-broadcast"
+
+// ErrLiveStreamConsumer is returned (wrapped) by [Skip] and [Disable] on a
+// row of [SSEConsumerName] when the verb would take events from the live
+// streams of its process without their clients knowing: a skip while the
+// consumer is not failing at the event, and every disable.
+var ErrLiveStreamConsumer = errors.New("dispatcher: the consumer feeds live SSE streams")
+
 // ErrRebuildConsumer is returned (wrapped) by restart, enable, skip and
 // rewind on a projection rebuild's temporary consumer (NAME#rebuild): its
 // cursor belongs to the rebuild.
@@ -408,6 +419,7 @@ type opRow struct {
 	eventTypes     []string
 	failedPosition *int64
 	lastError      *string
+	attempts       int
 	// partIndex of partCount: the row's share of the streams.
 	partIndex, partCount int
 }
@@ -415,7 +427,7 @@ type opRow struct {
 const (
 	opsLockSQL = `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`
 	opsRowSQL  = `SELECT status, cursor_commit_key, cursor_position, event_types, failed_position, last_error,
-  partition_index, partition_count
+  partition_index, partition_count, attempts
 FROM event_consumers WHERE name = $1 AND instance_id = $2 FOR UPDATE`
 )
 
@@ -447,7 +459,7 @@ func withConsumer(ctx context.Context, pool *pgxpool.Pool, verb, name, instance 
 		row := opRow{name: name, instance: instance}
 		var status string
 		err := tx.QueryRow(ctx, opsRowSQL, name, instance).Scan(&status, &row.cursor.CommitKey, &row.cursor.Position,
-			&row.eventTypes, &row.failedPosition, &row.lastError, &row.partIndex, &row.partCount)
+			&row.eventTypes, &row.failedPosition, &row.lastError, &row.partIndex, &row.partCount, &row.attempts)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return notFound(ctx, tx, name, instance)
 		}
@@ -500,10 +512,18 @@ WHERE name = $1 AND instance_id = $2`, name, row.instance)
 // Disable parks an idle or dead consumer: no pass delivers to it until
 // [Enable]. Its cursor and failure record stay as they are. An empty
 // instance means [SharedInstance]. It refuses a disabled consumer with a
-// *[StateError], and returns [ErrConsumerNotFound] (wrapped) for an unknown
-// consumer.
+// *[StateError], [SSEConsumerName] with [ErrLiveStreamConsumer] (wrapped:
+// its process's live streams would stay open without events, and a
+// disabled row holds no prune back), and returns [ErrConsumerNotFound]
+// (wrapped) for an unknown consumer.
 func Disable(ctx context.Context, pool *pgxpool.Pool, name, instance string) error {
 	return withConsumer(ctx, pool, "disable", name, instance, func(tx pgx.Tx, row opRow) error {
+		if name == SSEConsumerName {
+			return &opError{msg: fmt.Sprintf("consumer %s feeds the live SSE streams of its process: disabled, it would leave them open "+
+				"without events, their clients unaware, and a prune would not wait for it; to stop them, drain or stop that process "+
+				"(its clients resume on the others, by replay); a dead one: restart it, or skip the event it fails at",
+				label(name, row.instance)), kind: ErrLiveStreamConsumer}
+		}
 		if row.status == StateDisabled {
 			return &StateError{Name: name, Instance: row.instance, Verb: "disable", Status: row.status, Want: "idle or dead"}
 		}
@@ -573,11 +593,19 @@ const SkippedByOperator = "skipped by operator"
 // (a restart delivers them first).
 // Attempts and the failure record are reset; a dead consumer turns idle, a
 // disabled one stays disabled. An empty instance means [SharedInstance].
+// [SSEConsumerName] is skipped only past an event it is failing at (a
+// recorded failure that counted an attempt): otherwise the skip would pass
+// over an event that its process's live clients then miss without knowing,
+// and it is refused with [ErrLiveStreamConsumer] (wrapped).
 // It returns the dead letter; [ErrNothingToSkip] (wrapped) when there is no
 // such event; [ErrConsumerNotFound] (wrapped) for an unknown consumer.
 func Skip(ctx context.Context, pool *pgxpool.Pool, name, instance string) (DeadLetter, error) {
 	var dl DeadLetter
 	err := withConsumer(ctx, pool, "skip", name, instance, func(tx pgx.Tx, row opRow) error {
+		live := name == SSEConsumerName
+		if live && (row.failedPosition == nil || row.attempts == 0) {
+			return liveSkipRefused(row)
+		}
 		var ck uint64
 		found := false
 		if row.failedPosition != nil {
@@ -607,6 +635,11 @@ func Skip(ctx context.Context, pool *pgxpool.Pool, name, instance string) (DeadL
 				}
 			}
 		}
+		if !found && live {
+			// The recorded failure is behind the cursor: not the next
+			// event, which never failed.
+			return liveSkipRefused(row)
+		}
 		if !found {
 			err := tx.QueryRow(ctx, skipNextSQL, row.cursor.CommitKey, row.cursor.Position, row.eventTypes, row.partIndex, row.partCount).
 				Scan(&dl.Position, &ck, &dl.EventType, &dl.TenantID)
@@ -633,6 +666,15 @@ func Skip(ctx context.Context, pool *pgxpool.Pool, name, instance string) (DeadL
 		return DeadLetter{}, err
 	}
 	return dl, nil
+}
+
+// liveSkipRefused is the refusal of a skip of [SSEConsumerName] that is not
+// failing at an event.
+func liveSkipRefused(row opRow) error {
+	return &opError{msg: fmt.Sprintf("consumer %s feeds the live SSE streams of its process and is not failing at an event: "+
+		"a skip would pass over its next event, which those clients would miss without knowing; nothing needs skipping "+
+		"(skip it only when it fails at an event, dead or retrying; a client that missed an event resumes from its id by replay)",
+		label(row.name, row.instance)), kind: ErrLiveStreamConsumer}
 }
 
 // skipRecordedSafe refuses to skip the recorded failing event (of type

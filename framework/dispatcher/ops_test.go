@@ -2,6 +2,7 @@ package dispatcher_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"sync"
@@ -774,4 +775,65 @@ func TestRemoveInstanceDeletesASilentInstancesRows(t *testing.T) {
 		rows = append(rows, s.Name+"/"+s.InstanceID)
 	}
 	require.Equal(t, []string{"test:local/pod-2", "test:shared/__shared__"}, rows)
+}
+
+// The SSE consumer (dispatcher.SSEConsumerName) feeds its process's live
+// streams: a skip passes an event by for its live clients, so it is allowed
+// only past an event the consumer fails at, where it may be the only way
+// on; a disable, which would leave the streams open without events, never.
+// A row disabled before (an older release allowed it) can be enabled.
+func TestVerbsOnTheSSEConsumer(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil)
+	ctx := context.Background()
+	var poison atomic.Int64
+	poison.Store(-1)
+	d, err := dispatcher.New(b.db.Pool, b.reg, []dispatcher.Consumer{{
+		Name: dispatcher.SSEConsumerName, Delivery: framework.DeliveryPerInstance, System: true, MaxAttempts: 2,
+		Apply: func(_ context.Context, _ *framework.Tx, env framework.Envelope) error {
+			var p noted
+			if err := json.Unmarshal(env.Payload, &p); err != nil {
+				return err
+			}
+			if int64(p.N) == poison.Load() {
+				return errors.New("cannot publish")
+			}
+			return nil
+		},
+	}}, &dispatcher.Config{InstanceID: "api-1", RetryBaseDelay: time.Millisecond, RetryMaxDelay: 2 * time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, d.Register(ctx))
+	b.write(t, "t1", 0, 2, 1)
+	drain(t, d, dispatcher.SSEConsumerName, 2)
+
+	// Healthy: nothing to skip, nothing to disable.
+	b.write(t, "t1", 2, 1, 1)
+	b.db.WaitVisible(t)
+	_, err = dispatcher.Skip(ctx, b.db.Pool, dispatcher.SSEConsumerName, "api-1")
+	require.ErrorIs(t, err, dispatcher.ErrLiveStreamConsumer)
+	require.Contains(t, err.Error(), "consumer system:consumer:sse-broadcast (instance api-1) feeds the live SSE streams of its process and is not failing at an event")
+	err = dispatcher.Disable(ctx, b.db.Pool, dispatcher.SSEConsumerName, "api-1")
+	require.ErrorIs(t, err, dispatcher.ErrLiveStreamConsumer)
+	require.Contains(t, err.Error(), "drain or stop that process")
+	drain(t, d, dispatcher.SSEConsumerName, 1)
+
+	// Failing at an event: skip moves past it, and only it.
+	poison.Store(4)
+	b.write(t, "t1", 3, 3, 1)
+	untilDead(t, b, d, dispatcher.SSEConsumerName, "api-1")
+	err = dispatcher.Disable(ctx, b.db.Pool, dispatcher.SSEConsumerName, "api-1")
+	require.ErrorIs(t, err, dispatcher.ErrLiveStreamConsumer, "dead too: restart or skip, not disable")
+	dl, err := dispatcher.Skip(ctx, b.db.Pool, dispatcher.SSEConsumerName, "api-1")
+	require.NoError(t, err)
+	require.Equal(t, positionOf(t, b, 4), dl.Position)
+	require.Contains(t, dl.Error, "cannot publish")
+	drain(t, d, dispatcher.SSEConsumerName, 1)
+	_, err = dispatcher.Skip(ctx, b.db.Pool, dispatcher.SSEConsumerName, "api-1")
+	require.ErrorIs(t, err, dispatcher.ErrLiveStreamConsumer, "healthy again")
+
+	// A row an older release disabled is enabled as before.
+	_, err = b.db.Pool.Exec(ctx, `UPDATE event_consumers SET status = 'disabled' WHERE name = $1`, dispatcher.SSEConsumerName)
+	require.NoError(t, err)
+	require.NoError(t, dispatcher.Enable(ctx, b.db.Pool, dispatcher.SSEConsumerName, "api-1"))
+	require.Equal(t, dispatcher.StateIdle, status(t, b, dispatcher.SSEConsumerName, "api-1").Status)
 }

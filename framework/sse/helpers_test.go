@@ -46,6 +46,7 @@ type Noted struct {
 type bundle struct {
 	db      *kumikotest.DB
 	pool    *pgxpool.Pool // the runtime's, hub's and dispatcher's
+	inst    string        // the dispatcher's instance id
 	reg     *framework.Registry
 	rt      *framework.Runtime
 	hub     *sse.Hub
@@ -98,6 +99,7 @@ func setupPool(t *testing.T, cfg *sse.Config, register func(reg *framework.Regis
 	b.hub, err = sse.New(b.pool, b.reg, &c)
 	require.NoError(t, err)
 	inst := "sse-test-" + uuid.NewString()[:8]
+	b.inst = inst
 	d, err := dispatcher.New(b.pool, b.reg, []dispatcher.Consumer{b.hub.Consumer()},
 		&dispatcher.Config{InstanceID: inst, PollInterval: 20 * time.Millisecond})
 	require.NoError(t, err)

@@ -22,7 +22,7 @@ import (
 // ConsumerName is the per-instance system consumer that feeds the hub. It
 // is a persistent identifier (its state rows are keyed by it): never rename
 // it.
-const ConsumerName = "system:consumer:sse-broadcast"
+const ConsumerName = dispatcher.SSEConsumerName
 
 // DefaultBuffer is [Config].Buffer's default.
 const DefaultBuffer = 1024

@@ -34,6 +34,7 @@ func TestConsumerCommands(t *testing.T) {
 		"restart":         testConsumerRestart,
 		"skip":            testConsumerSkip,
 		"disable-enable":  testConsumerDisableEnable,
+		"sse-broadcast":   testConsumerSSEBroadcast,
 		"rewind":          testConsumerRewind,
 		"remove-instance": testConsumerRemoveInstance,
 		"configuration":   testConsumerConfiguration,
@@ -232,6 +233,24 @@ func testConsumerSkip(t *testing.T, bin string) {
 	require.Equal(t, 1, code)
 	require.Empty(t, out)
 	require.Contains(t, errOut, "kumiko: consumer ops:healthy has no failing event and no event after its cursor")
+}
+
+// testConsumerSSEBroadcast: skip (while it is not failing) and disable of
+// the SSE consumer are refused, saying why and what to do instead.
+func testConsumerSSEBroadcast(t *testing.T, bin string) {
+	f := newOpsFixture(t, bin)
+	_, err := f.db.Pool.Exec(context.Background(),
+		`INSERT INTO event_consumers (name, instance_id) VALUES ($1, 'api-1')`, dispatcher.SSEConsumerName)
+	require.NoError(t, err)
+	out, errOut, code := f.run(t, "consumer", "skip", dispatcher.SSEConsumerName, "--instance", "api-1")
+	require.Equal(t, 1, code)
+	require.Empty(t, out)
+	require.Contains(t, errOut, "kumiko: consumer system:consumer:sse-broadcast (instance api-1) feeds the live SSE streams of its process and is not failing at an event")
+	out, errOut, code = f.run(t, "consumer", "disable", dispatcher.SSEConsumerName, "--instance", "api-1")
+	require.Equal(t, 1, code)
+	require.Empty(t, out)
+	require.Contains(t, errOut, "drain or stop that process")
+	require.Equal(t, dispatcher.StateIdle, f.status(t, dispatcher.SSEConsumerName, "api-1").Status)
 }
 
 func testConsumerDisableEnable(t *testing.T, bin string) {
