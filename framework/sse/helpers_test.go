@@ -395,3 +395,46 @@ func (b *bundle) dialResume(t *testing.T, token, lastID string) net.Conn {
 	require.NoError(t, err)
 	return conn
 }
+
+// memoBacklog appends n notes of tenant's (N 0 to n-1) in one transaction
+// to streams of their own, waits until the hub is past them, and returns
+// the tenant's log.
+func (b *bundle) memoBacklog(t *testing.T, tenant string, n int) []string {
+	t.Helper()
+	_, err := b.rt.InTx(context.Background(), tenant, framework.Metadata{CorrelationID: "backlog"}, func(_ context.Context, tx *framework.Tx) error {
+		for i := range n {
+			if err := tx.Append(framework.Stream{Type: "memo", ID: uuid.NewString()}, framework.NoStream, b.noted.With(Noted{N: i})); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	require.NoError(t, err)
+	log := b.logOf(t, tenant)
+	end, err := sse.ParseEventID(log[len(log)-1])
+	require.NoError(t, err)
+	eventually(t, "hub past the backlog", func() bool { return !b.hub.Position().Less(end) })
+	return log
+}
+
+// holdReplayReads locks event_prune_marks, which every resume check and
+// replay page reads and no write touches, so that those reads wait; it
+// returns the lock's release.
+func (b *bundle) holdReplayReads(t *testing.T) (release func()) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `LOCK TABLE event_prune_marks IN ACCESS EXCLUSIVE MODE`)
+	require.NoError(t, err)
+	return func() { _ = tx.Rollback(ctx) }
+}
+
+// replayReadsWaiting counts the reads waiting for holdReplayReads' lock.
+func (b *bundle) replayReadsWaiting(t *testing.T) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM pg_locks WHERE relation = 'event_prune_marks'::regclass AND NOT granted`).Scan(&n))
+	return n
+}

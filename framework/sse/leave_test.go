@@ -8,10 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"github.com/kumiko-go/kumiko/framework"
 	"github.com/kumiko-go/kumiko/framework/sse"
 )
 
@@ -24,20 +22,7 @@ func TestClientLeavingMidReplayEndsItsHandler(t *testing.T) {
 	t.Parallel()
 	b := setup(t, &sse.Config{ReplayBatch: 1, Heartbeat: 20 * time.Millisecond})
 	ctx := context.Background()
-	b.note(t, "acme", "memo", 0, "")
-	_, err := b.rt.InTx(ctx, "acme", framework.Metadata{}, func(_ context.Context, tx *framework.Tx) error {
-		for i := range 500 {
-			if err := tx.Append(framework.Stream{Type: "memo", ID: uuid.NewString()}, framework.NoStream, b.noted.With(Noted{N: i + 1})); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	require.NoError(t, err)
-	log := b.logOf(t, "acme")
-	last, err := sse.ParseEventID(log[len(log)-1])
-	require.NoError(t, err)
-	eventually(t, "hub past the backlog", func() bool { return !b.hub.Position().Less(last) })
+	log := b.memoBacklog(t, "acme", 501)
 
 	// Orders only: the replay of 500 memos sends nothing, page by page.
 	rctx, cancel := context.WithCancel(ctx)
@@ -49,17 +34,8 @@ func TestClientLeavingMidReplayEndsItsHandler(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "retry: 2000\n", line)
 
-	lock, err := b.db.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = lock.Rollback(ctx) }()
-	_, err = lock.Exec(ctx, `LOCK TABLE event_prune_marks IN ACCESS EXCLUSIVE MODE`)
-	require.NoError(t, err)
-	eventually(t, "the replay waits for the lock", func() bool {
-		var n int
-		require.NoError(t, b.db.Pool.QueryRow(ctx,
-			`SELECT count(*) FROM pg_locks WHERE relation = 'event_prune_marks'::regclass AND NOT granted`).Scan(&n))
-		return n > 0
-	})
+	defer b.holdReplayReads(t)()
+	eventually(t, "the replay waits for the lock", func() bool { return b.replayReadsWaiting(t) > 0 })
 	require.Equal(t, 1, b.hub.Clients())
 	cancel()
 	resp.Body.Close()
@@ -78,20 +54,7 @@ func TestCloseEndsAReplayWaitingForARead(t *testing.T) {
 	t.Parallel()
 	b := setup(t, &sse.Config{ReplayBatch: 1})
 	ctx := context.Background()
-	b.note(t, "acme", "memo", 0, "")
-	_, err := b.rt.InTx(ctx, "acme", framework.Metadata{}, func(_ context.Context, tx *framework.Tx) error {
-		for i := range 500 {
-			if err := tx.Append(framework.Stream{Type: "memo", ID: uuid.NewString()}, framework.NoStream, b.noted.With(Noted{N: i + 1})); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	require.NoError(t, err)
-	log := b.logOf(t, "acme")
-	last, err := sse.ParseEventID(log[len(log)-1])
-	require.NoError(t, err)
-	eventually(t, "hub past the backlog", func() bool { return !b.hub.Position().Less(last) })
+	log := b.memoBacklog(t, "acme", 501)
 
 	rctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
@@ -102,17 +65,8 @@ func TestCloseEndsAReplayWaitingForARead(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "retry: 2000\n", line)
 
-	lock, err := b.db.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = lock.Rollback(ctx) }()
-	_, err = lock.Exec(ctx, `LOCK TABLE event_prune_marks IN ACCESS EXCLUSIVE MODE`)
-	require.NoError(t, err)
-	eventually(t, "the replay waits for the lock", func() bool {
-		var n int
-		require.NoError(t, b.db.Pool.QueryRow(ctx,
-			`SELECT count(*) FROM pg_locks WHERE relation = 'event_prune_marks'::regclass AND NOT granted`).Scan(&n))
-		return n > 0
-	})
+	defer b.holdReplayReads(t)()
+	eventually(t, "the replay waits for the lock", func() bool { return b.replayReadsWaiting(t) > 0 })
 	b.hub.Close()
 	deadline := time.Now().Add(10 * time.Second)
 	for b.hub.Clients() > 0 {

@@ -7,10 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"github.com/kumiko-go/kumiko/framework"
 	"github.com/kumiko-go/kumiko/framework/sse"
 )
 
@@ -26,20 +24,7 @@ func TestHeartbeatDuringReplay(t *testing.T) {
 	const beat = 100 * time.Millisecond
 	b := setup(t, &sse.Config{Heartbeat: beat, ReplayBatch: 1})
 	ctx := context.Background()
-	b.note(t, "acme", "memo", 0, "")
-	_, err := b.rt.InTx(ctx, "acme", framework.Metadata{}, func(_ context.Context, tx *framework.Tx) error {
-		for i := range 500 {
-			if err := tx.Append(framework.Stream{Type: "memo", ID: uuid.NewString()}, framework.NoStream, b.noted.With(Noted{N: i + 1})); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	require.NoError(t, err)
-	log := b.logOf(t, "acme")
-	last, err := sse.ParseEventID(log[len(log)-1])
-	require.NoError(t, err)
-	eventually(t, "hub past the backlog", func() bool { return !b.hub.Position().Less(last) })
+	log := b.memoBacklog(t, "acme", 501)
 
 	// The stream wants orders only: the replay of 500 memos sends nothing.
 	rctx, cancel := context.WithTimeout(ctx, wait)
@@ -63,17 +48,9 @@ func TestHeartbeatDuringReplay(t *testing.T) {
 	require.Equal(t, "retry: 2000\n", <-lines)
 
 	// Hold the replay in its next page's read.
-	lock, err := b.db.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = lock.Rollback(ctx) }()
-	_, err = lock.Exec(ctx, `LOCK TABLE event_prune_marks IN ACCESS EXCLUSIVE MODE`)
-	require.NoError(t, err)
-	eventually(t, "the replay waits for the lock", func() bool {
-		var n int
-		require.NoError(t, b.db.Pool.QueryRow(ctx,
-			`SELECT count(*) FROM pg_locks WHERE relation = 'event_prune_marks'::regclass AND NOT granted`).Scan(&n))
-		return n > 0
-	})
+	release := b.holdReplayReads(t)
+	defer release()
+	eventually(t, "the replay waits for the lock", func() bool { return b.replayReadsWaiting(t) > 0 })
 	beats := 0
 	window := time.After(10 * beat)
 watch:
@@ -91,7 +68,7 @@ watch:
 	require.GreaterOrEqual(t, beats, 3, "a replay that sent nothing for %v sent %d heartbeats", 10*beat, beats)
 
 	// Released, the replay ends and the stream goes live.
-	require.NoError(t, lock.Rollback(ctx))
+	release()
 	b.place(t, "acme", "ACME")
 	for l := range lines {
 		if len(l) > 7 && l[:7] == "event: " {

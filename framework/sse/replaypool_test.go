@@ -37,34 +37,9 @@ func TestReplaysLeaveThePoolToWrites(t *testing.T) {
 	)
 	b := setupPool(t, &sse.Config{ReplayBatch: 5}, nil, conns)
 	ctx := context.Background()
-	_, err := b.rt.InTx(ctx, "acme", framework.Metadata{CorrelationID: "backlog"}, func(_ context.Context, tx *framework.Tx) error {
-		for i := range backlog {
-			if err := tx.Append(framework.Stream{Type: "memo", ID: uuid.NewString()}, framework.NoStream, b.noted.With(Noted{N: i})); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	require.NoError(t, err)
-	log := b.logOf(t, "acme")
-	end, err := sse.ParseEventID(log[len(log)-1])
-	require.NoError(t, err)
-	eventually(t, "hub past the backlog", func() bool { return !b.hub.Position().Less(end) })
-
-	// hold blocks every replay read until its release.
-	hold := func() (release func()) {
-		tx, err := b.db.Pool.Begin(ctx)
-		require.NoError(t, err)
-		_, err = tx.Exec(ctx, `LOCK TABLE event_prune_marks IN ACCESS EXCLUSIVE MODE`)
-		require.NoError(t, err)
-		return func() { _ = tx.Rollback(ctx) }
-	}
-	waiting := func() int {
-		var n int
-		require.NoError(t, b.db.Pool.QueryRow(ctx,
-			`SELECT count(*) FROM pg_locks WHERE relation = 'event_prune_marks'::regclass AND NOT granted`).Scan(&n))
-		return n
-	}
+	log := b.memoBacklog(t, "acme", backlog)
+	hold := func() (release func()) { return b.holdReplayReads(t) }
+	waiting := func() int { return b.replayReadsWaiting(t) }
 	// write appends one note and fails the test unless it commits within
 	// writeWithin.
 	n := 0
