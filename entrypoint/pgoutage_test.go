@@ -104,11 +104,14 @@ func (os outages) during(start, end time.Time) *outage {
 	return nil
 }
 
-// inFlight returns the outage whose server was told to go while a
-// request from start to end was under way, or nil.
+// inFlight returns the outage whose server went away (from being told to
+// go until it was gone) while a request from start to end was under way,
+// or nil: such a request may have sent its COMMIT on a connection that
+// then ended. On a loaded machine a request that began after the server
+// was told to go can still get that far before its backend ends.
 func (os outages) inFlight(start, end time.Time) *outage {
 	for _, o := range os {
-		if start.Before(o.stopping) && end.After(o.stopping) {
+		if start.Before(o.down) && end.After(o.stopping) {
 			return o
 		}
 	}

@@ -167,10 +167,10 @@ func TestProcessRidesOverADatabaseRestartAndCrash(t *testing.T) {
 		}
 		require.Empty(t, a.envelopeState, "%d %s", a.code, a.body)
 		if a.code == http.StatusInternalServerError && inFlight(a.start, a.end) != nil {
-			// It was under way when the server was told to go, its COMMIT
-			// maybe sent: whether it committed is unknown, so it is no
-			// 503 (which says nothing committed). A write that began after
-			// found its connection ended and is a 503.
+			// It was under way while the server went, its COMMIT maybe
+			// sent: whether it committed is unknown, so it is no 503
+			// (which says nothing committed). A write that began after the
+			// server was gone found its connection ended and is a 503.
 			require.Equal(t, "internal", a.errorCode, "%s", a.body)
 			inDoubt++
 			for _, line := range strings.Split(p.logs.String(), "\n") {
