@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"log/slog"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
@@ -138,6 +139,54 @@ func List(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS) ([]Status, error)
 	out := make([]Status, 0, len(sts))
 	for _, s := range sts {
 		out = append(out, Status{Version: s.Source.Version, Name: s.Source.Path, Applied: s.State == goose.StateApplied})
+	}
+	return out, nil
+}
+
+// unknownSQL lists the versions whose latest row in goose's version table
+// marks them applied (goose's legacy down inserted a row not applied).
+// The zero version is goose's own bookkeeping row.
+const unknownSQL = `SELECT version_id FROM (
+	SELECT DISTINCT ON (version_id) version_id, is_applied
+	FROM goose_db_version ORDER BY version_id, id DESC) v
+WHERE is_applied AND version_id > 0 ORDER BY version_id`
+
+// Unknown returns, in ascending order, the versions applied in the database
+// that fsys (nil means Kumiko's embedded migrations) does not have: those of
+// a newer release, when a binary runs on a schema that was migrated past
+// it. goose's own reports (List, Check, Up) only look at the binary's
+// migrations, so such a database looks fully applied to them. A database
+// without goose's version table (never migrated) has none.
+func Unknown(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS) ([]int64, error) {
+	p, closeDB, err := newProvider(pool, fsys, nil, false)
+	if err != nil {
+		return nil, err
+	}
+	defer closeDB()
+	known := make(map[int64]bool)
+	for _, s := range p.ListSources() {
+		known[s.Version] = true
+	}
+	var exists bool
+	if err := pool.QueryRow(ctx, `SELECT to_regclass('goose_db_version') IS NOT NULL`).Scan(&exists); err != nil {
+		return nil, fmt.Errorf("migrate: unknown versions: %w", err)
+	}
+	if !exists {
+		return nil, nil
+	}
+	rows, err := pool.Query(ctx, unknownSQL)
+	if err != nil {
+		return nil, fmt.Errorf("migrate: unknown versions: %w", err)
+	}
+	applied, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("migrate: unknown versions: %w", err)
+	}
+	var out []int64
+	for _, v := range applied {
+		if !known[v] {
+			out = append(out, v)
+		}
 	}
 	return out, nil
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strconv"
 	"strings"
 	"time"
 
@@ -290,6 +291,7 @@ func migrateCmd() *cobra.Command {
 					return err
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "applied %d migration(s)\n", n)
+				warnUnknownMigrations(cmd, pool)
 				return nil
 			case "status":
 				sts, err := migrate.List(cmd.Context(), pool, nil)
@@ -303,6 +305,7 @@ func migrateCmd() *cobra.Command {
 					}
 					fmt.Fprintf(cmd.OutOrStdout(), "%-8s %s\n", state, s.Name)
 				}
+				warnUnknownMigrations(cmd, pool)
 				// A dump restored into a new cluster migrates fine but
 				// delivers nothing: say so where the operator looks after
 				// a restore, without failing the status.
@@ -315,6 +318,33 @@ func migrateCmd() *cobra.Command {
 		},
 	}
 	return cmd
+}
+
+// warnUnknownMigrations says on stderr which migrations the database holds
+// that the binary does not know: a newer release migrated it (a binary
+// rolled back), which goose's reports do not show. It is no failure: the
+// binary's own migrations are applied, and additive migrations leave the
+// older code working. Nor is a failure of the check: what the command was
+// asked for is done.
+func warnUnknownMigrations(cmd *cobra.Command, pool *pgxpool.Pool) {
+	unknown, err := migrate.Unknown(cmd.Context(), pool, nil)
+	if err != nil {
+		fmt.Fprintf(cmd.ErrOrStderr(), "warning: %v\n", err)
+		return
+	}
+	if len(unknown) == 0 {
+		return
+	}
+	vs := make([]string, len(unknown))
+	for i, v := range unknown {
+		vs[i] = strconv.FormatInt(v, 10)
+	}
+	what := "version " + vs[0]
+	if len(vs) > 1 {
+		what = "versions " + strings.Join(vs, ", ")
+	}
+	fmt.Fprintf(cmd.ErrOrStderr(), "warning: the database holds migrations this binary does not know (%s): "+
+		"a newer release applied them; this binary's own migrations are applied, and it runs on that schema only if they were additive\n", what)
 }
 
 func tokenCmd() *cobra.Command {

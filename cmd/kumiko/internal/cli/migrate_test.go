@@ -1,6 +1,7 @@
 package cli_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -15,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kumiko-go/kumiko/cmd/kumiko/internal/cli"
 	"github.com/kumiko-go/kumiko/framework/eventstore"
 	"github.com/kumiko-go/kumiko/framework/kumikotest"
 )
@@ -114,4 +116,43 @@ func TestMigrateRefusesAnUnknownVerbFirst(t *testing.T) {
 	t.Setenv("DATABASE_URL", "")
 	_, err := execute("migrate", "down")
 	require.EqualError(t, err, `unknown migrate verb "down" (want up or status)`)
+}
+
+// TestMigrateWarnsOfANewerSchema: against a database that a newer release
+// migrated further (a roll back of the binary), `kumiko migrate` and
+// `kumiko migrate status` succeed, since the binary's own migrations are
+// applied, and say on stderr which versions the binary does not know;
+// they said nothing, as if the schema were the binary's.
+func TestMigrateWarnsOfANewerSchema(t *testing.T) {
+	ctx := context.Background()
+	db := kumikotest.NewDB(t)
+	t.Setenv("DATABASE_URL", db.URL)
+	run := func(args ...string) (string, string, error) {
+		root := cli.Root(nil, nil)
+		var out, errOut bytes.Buffer
+		root.SetOut(&out)
+		root.SetErr(&errOut)
+		root.SetArgs(args)
+		err := root.ExecuteContext(ctx)
+		return out.String(), errOut.String(), err
+	}
+	out, errOut, err := run("migrate")
+	require.NoError(t, err)
+	require.Equal(t, "applied 0 migration(s)\n", out)
+	require.Empty(t, errOut)
+
+	_, err = db.Pool.Exec(ctx, `INSERT INTO goose_db_version (version_id, is_applied) VALUES (99001, true), (99002, true)`)
+	require.NoError(t, err)
+	const warning = "warning: the database holds migrations this binary does not know (versions 99001, 99002): " +
+		"a newer release applied them; this binary's own migrations are applied, and it runs on that schema only if they were additive\n"
+	out, errOut, err = run("migrate", "up")
+	require.NoError(t, err)
+	require.Equal(t, "applied 0 migration(s)\n", out)
+	require.Equal(t, warning, errOut)
+
+	out, errOut, err = run("migrate", "status")
+	require.NoError(t, err)
+	require.Contains(t, out, "applied  00012_tenant_append_guards.sql\n")
+	require.NotContains(t, out, "pending")
+	require.Equal(t, warning, errOut)
 }
