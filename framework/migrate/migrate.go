@@ -5,10 +5,12 @@ package migrate
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -29,6 +31,75 @@ type Status struct {
 	Applied bool
 }
 
+// sessionLocker is goose's Postgres session lock, on goose's key
+// (lock.DefaultLockID, so it excludes older binaries that take it with
+// goose's own locker), taken differently: goose's locker probes every 5 s
+// and gives up after 5 minutes, so a migrator that found another one
+// running a long migration failed with "failed to acquire lock". This one
+// probes every lockProbeInterval for as long as its context lets it, so it
+// goes on almost the moment the lock is free, and says that it waits, and
+// for which backend, on log (nil: silently). It probes rather than blocks
+// in pg_advisory_lock: a blocking query cut by the context breaks the
+// connection, and goose then reports that as well.
+type sessionLocker struct {
+	log *slog.Logger
+}
+
+// lockProbeInterval is how often a waiting migrator tries the lock.
+const lockProbeInterval = 200 * time.Millisecond
+
+const (
+	tryLockSQL = `SELECT pg_try_advisory_lock($1)`
+	unlockSQL  = `SELECT pg_advisory_unlock($1)`
+	// lockHolderSQL finds the backend holding a bigint advisory lock key
+	// (below 2^32: classid 0, objid the key, objsubid 1) in this database.
+	lockHolderSQL = `SELECT pid FROM pg_locks
+WHERE locktype = 'advisory' AND granted AND classid = 0 AND objid = $1 AND objsubid = 1
+  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+LIMIT 1`
+)
+
+// SessionLock takes the lock on conn, waiting for it when another session
+// holds it, until ctx ends.
+func (l sessionLocker) SessionLock(ctx context.Context, conn *sql.Conn) error {
+	for waited := false; ; waited = true {
+		var ok bool
+		if err := conn.QueryRowContext(ctx, tryLockSQL, lock.DefaultLockID).Scan(&ok); err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("wait for the migration lock: %w", ctx.Err())
+			}
+			return fmt.Errorf("take the migration lock: %w", err)
+		}
+		if ok {
+			return nil
+		}
+		if !waited && l.log != nil {
+			var pid int64
+			if err := conn.QueryRowContext(ctx, lockHolderSQL, lock.DefaultLockID).Scan(&pid); err != nil {
+				pid = 0 // let go meanwhile
+			}
+			l.log.WarnContext(ctx, "waiting for the migration lock held by another session", "holder_pid", pid)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for the migration lock: %w", ctx.Err())
+		case <-time.After(lockProbeInterval):
+		}
+	}
+}
+
+// SessionUnlock lets go of the lock on conn.
+func (l sessionLocker) SessionUnlock(ctx context.Context, conn *sql.Conn) error {
+	var ok bool
+	if err := conn.QueryRowContext(ctx, unlockSQL, lock.DefaultLockID).Scan(&ok); err != nil {
+		return fmt.Errorf("release the migration lock: %w", err)
+	}
+	if !ok {
+		return errors.New("release the migration lock: this session did not hold it")
+	}
+	return nil
+}
+
 // newProvider builds a goose provider over the pool, with the session
 // locker when locked (Up) and without it for reading the state (List,
 // Check): goose's status takes the lock otherwise, so a readiness probe
@@ -39,11 +110,7 @@ func newProvider(pool *pgxpool.Pool, fsys fs.FS, logger *slog.Logger, locked boo
 	}
 	var opts []goose.ProviderOption
 	if locked {
-		locker, err := lock.NewPostgresSessionLocker()
-		if err != nil {
-			return nil, nil, fmt.Errorf("migrate: session locker: %w", err)
-		}
-		opts = append(opts, goose.WithSessionLocker(locker))
+		opts = append(opts, goose.WithSessionLocker(sessionLocker{log: logger}))
 	}
 	db := stdlib.OpenDBFromPool(pool)
 	if logger != nil {

@@ -276,7 +276,7 @@ func migrateCmd() *cobra.Command {
 			if verb != "up" && verb != "status" {
 				return fmt.Errorf("unknown migrate verb %q (want up or status)", verb)
 			}
-			pool, _, err := toolPool(cmd.Context())
+			pool, cfg, err := toolPool(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -286,7 +286,8 @@ func migrateCmd() *cobra.Command {
 				if err := createDatabaseIfMissing(cmd.Context(), pool); err != nil {
 					return err
 				}
-				n, err := migrate.Up(cmd.Context(), pool, nil, nil)
+				// The log says when it waits for another migrator's lock.
+				n, err := migrate.Up(cmd.Context(), pool, nil, logger(cmd.ErrOrStderr(), cfg.LogLevel))
 				if err != nil {
 					return err
 				}

@@ -11,9 +11,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/pressly/goose/v3/lock"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kumiko-go/kumiko/cmd/kumiko/internal/cli"
@@ -155,4 +158,63 @@ func TestMigrateWarnsOfANewerSchema(t *testing.T) {
 	require.Contains(t, out, "applied  00012_tenant_append_guards.sql\n")
 	require.NotContains(t, out, "pending")
 	require.Equal(t, warning, errOut)
+}
+
+// lockedBuffer is a bytes.Buffer a command and a test can share.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestMigrateSaysItWaitsForTheLock: `kumiko migrate` against a fresh
+// database whose migration lock another session holds (another kumiko
+// migrate, started a moment before) says on stderr that it waits and for
+// which backend, and migrates once the lock is free; it waited in
+// silence, polling every 5 s, and gave up after 5 minutes.
+func TestMigrateSaysItWaitsForTheLock(t *testing.T) {
+	ctx := context.Background()
+	name, _ := unusedDatabase(t, "kumiko_cli_lock_")
+	url := "postgres://postgres@127.0.0.1:5432/" + name + "?sslmode=disable"
+	admin, err := pgx.Connect(ctx, kumikotest.AdminURL())
+	require.NoError(t, err)
+	defer func() { _ = admin.Close(ctx) }()
+	_, err = admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
+	require.NoError(t, err)
+	holder, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	defer func() { _ = holder.Close(ctx) }()
+	_, err = holder.Exec(ctx, `SELECT pg_advisory_lock($1)`, lock.DefaultLockID)
+	require.NoError(t, err)
+
+	t.Setenv("DATABASE_URL", url)
+	root := cli.Root(nil, nil)
+	var out, errOut lockedBuffer
+	root.SetOut(&out)
+	root.SetErr(&errOut)
+	root.SetArgs([]string{"migrate"})
+	done := make(chan error, 1)
+	go func() { done <- root.ExecuteContext(ctx) }()
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(errOut.String(), "waiting for the migration lock") {
+		require.True(t, time.Now().Before(deadline), "no word that it waits: %q", errOut.String())
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.Contains(t, errOut.String(), fmt.Sprintf(`"holder_pid":%d`, holder.PgConn().PID()))
+	require.Empty(t, out.String())
+	_, err = holder.Exec(ctx, `SELECT pg_advisory_unlock($1)`, lock.DefaultLockID)
+	require.NoError(t, err)
+	require.NoError(t, <-done)
+	require.Regexp(t, `^applied [1-9][0-9]* migration\(s\)\n$`, out.String())
 }
