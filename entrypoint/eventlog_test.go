@@ -17,6 +17,7 @@ import (
 	"github.com/kumiko-go/kumiko/framework/eventstore"
 	"github.com/kumiko-go/kumiko/framework/jobs/jobstest"
 	"github.com/kumiko-go/kumiko/framework/kumikotest"
+	"github.com/kumiko-go/kumiko/internal/proctest"
 )
 
 // restoredLogAhead appends one event and moves its commit key ahead of the
@@ -50,7 +51,7 @@ func TestEventLogAheadIsReported(t *testing.T) {
 	fix := fmt.Sprintf("pg_resetwal -e %d ", epoch+1)
 
 	rds := jobstest.StartRedis(t)
-	logs := &syncBuffer{}
+	logs := &proctest.Buffer{}
 	cfg := newConfig(t, map[string]string{"APP_MODE": "api", "DATABASE_URL": db.URL, "REDIS_URL": rds.URL})
 	s := serve(t, entrypoint.Options{Config: cfg, Register: features.Register,
 		Logger: slog.New(slog.NewJSONHandler(logs, nil)), EventLogCheckInterval: 50 * time.Millisecond})

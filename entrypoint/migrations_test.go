@@ -19,6 +19,7 @@ import (
 	"github.com/kumiko-go/kumiko/framework/eventstore"
 	"github.com/kumiko-go/kumiko/framework/kumikotest"
 	"github.com/kumiko-go/kumiko/framework/migrate"
+	"github.com/kumiko-go/kumiko/internal/proctest"
 )
 
 // pendingSet is Kumiko's migrations plus 00099_release_table.sql, which
@@ -54,7 +55,7 @@ func TestMigrationGateTellsAnUncheckableDatabase(t *testing.T) {
 		Msg   string `json:"msg"`
 		Error string `json:"error"`
 	}
-	logs := &syncBuffer{}
+	logs := &proctest.Buffer{}
 	lines := func() []line {
 		var out []line
 		sc := bufio.NewScanner(strings.NewReader(logs.String()))
@@ -132,7 +133,7 @@ func TestConsumersWaitForPendingMigrations(t *testing.T) {
 		[]eventstore.NewEvent{{Type: "release:event:noted", TypeVersion: 1, Payload: []byte(`{"n":7}`)}})
 	require.NoError(t, err)
 
-	logs := &syncBuffer{}
+	logs := &proctest.Buffer{}
 	cfg := newConfig(t, map[string]string{"APP_MODE": "worker", "DATABASE_URL": db.URL, "KUMIKO_DISPATCHER_POLL_INTERVAL_MS": "20"})
 	serve(t, entrypoint.Options{Config: cfg, Register: register, Migrations: set,
 		Logger: slog.New(slog.NewJSONHandler(logs, nil))})

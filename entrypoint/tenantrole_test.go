@@ -1,7 +1,6 @@
 package entrypoint_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -11,7 +10,6 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,6 +22,7 @@ import (
 	"github.com/kumiko-go/kumiko/framework/jobs/jobstest"
 	"github.com/kumiko-go/kumiko/framework/kumikotest"
 	"github.com/kumiko-go/kumiko/framework/migrate"
+	"github.com/kumiko-go/kumiko/internal/proctest"
 )
 
 // roleDB creates a LOGIN role without any privilege (no superuser, no
@@ -101,29 +100,11 @@ func TestMigrateRefusesWithoutTenantRole(t *testing.T) {
 	require.NoError(t, err)
 }
 
-// syncBuffer is a bytes.Buffer safe for the concurrent writes of a logger.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // ungranted serves an api App on a database migrated while its user was
 // a member of kumiko_tenant (as an older migration left it when it
 // swallowed the failed grant) whose user is not a member now. It returns
 // the role and the App's log.
-func ungranted(t *testing.T) (role string, s *served, logs *syncBuffer) {
+func ungranted(t *testing.T) (role string, s *served, logs *proctest.Buffer) {
 	t.Helper()
 	role, dbURL, admin := roleDB(t)
 	ctx := context.Background()
@@ -136,7 +117,7 @@ func ungranted(t *testing.T) (role string, s *served, logs *syncBuffer) {
 	require.False(t, isMember(t, admin, role))
 
 	rds := jobstest.StartRedis(t)
-	logs = &syncBuffer{}
+	logs = &proctest.Buffer{}
 	cfg := newConfig(t, map[string]string{"APP_MODE": "api", "DATABASE_URL": dbURL, "REDIS_URL": rds.URL})
 	s = serve(t, entrypoint.Options{Config: cfg, Register: features.Register,
 		Logger: slog.New(slog.NewJSONHandler(logs, nil))})

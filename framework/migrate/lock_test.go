@@ -1,12 +1,10 @@
 package migrate_test
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"testing/fstest"
 	"time"
@@ -17,25 +15,8 @@ import (
 
 	"github.com/kumiko-go/kumiko/framework/kumikotest"
 	"github.com/kumiko-go/kumiko/framework/migrate"
+	"github.com/kumiko-go/kumiko/internal/proctest"
 )
-
-// syncBuffer is a bytes.Buffer safe for a logger and a test to share.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // A migration run that finds the lock held (another kumiko migrate, a
 // process migrating a large table) says that it waits, and for whom, and
@@ -69,7 +50,7 @@ func TestApplyWaitsForTheLockAndSaysSo(t *testing.T) {
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.Less(t, time.Since(start), 3*time.Second)
 
-	var logs syncBuffer
+	var logs proctest.Buffer
 	log := slog.New(slog.NewJSONHandler(&logs, nil))
 	type result struct {
 		applied []migrate.Status

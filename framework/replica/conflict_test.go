@@ -1,7 +1,6 @@
 package replica_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -9,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -23,6 +21,7 @@ import (
 	"github.com/kumiko-go/kumiko/framework/kumikotest"
 	"github.com/kumiko-go/kumiko/framework/replica"
 	"github.com/kumiko-go/kumiko/framework/web"
+	"github.com/kumiko-go/kumiko/internal/proctest"
 )
 
 // conflictInput asks the reader query to sleep on the standby while it
@@ -31,24 +30,6 @@ import (
 type conflictInput struct {
 	Sleep         bool `json:"sleep"`
 	FailOnPrimary bool `json:"failOnPrimary"`
-}
-
-// lockedBuffer is a log sink the HTTP handlers write to concurrently.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // TestRecoveryConflictRunsOnThePrimary makes the standby cancel a query
@@ -93,7 +74,7 @@ func TestRecoveryConflictRunsOnThePrimary(t *testing.T) {
 		}
 		return p, nil
 	}, nil)
-	var logs lockedBuffer
+	var logs proctest.Buffer
 	logger := slog.New(slog.NewJSONHandler(&logs, nil))
 	router, err := replica.New(primary, standby, &replica.Config{Cooldown: time.Minute, Logger: logger, Metrics: prometheus.NewRegistry()})
 	require.NoError(t, err)

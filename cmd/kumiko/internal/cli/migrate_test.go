@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,6 +21,7 @@ import (
 	"github.com/kumiko-go/kumiko/cmd/kumiko/internal/cli"
 	"github.com/kumiko-go/kumiko/framework/eventstore"
 	"github.com/kumiko-go/kumiko/framework/kumikotest"
+	"github.com/kumiko-go/kumiko/internal/proctest"
 )
 
 // TestConcurrentMigratesCreateTheDatabaseOnce: several `kumiko migrate`
@@ -160,24 +160,6 @@ func TestMigrateWarnsOfANewerSchema(t *testing.T) {
 	require.Equal(t, warning, errOut)
 }
 
-// lockedBuffer is a bytes.Buffer a command and a test can share.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // TestMigrateSaysItWaitsForTheLock: `kumiko migrate` against a fresh
 // database whose migration lock another session holds (another kumiko
 // migrate, started a moment before) says on stderr that it waits and for
@@ -200,7 +182,7 @@ func TestMigrateSaysItWaitsForTheLock(t *testing.T) {
 
 	t.Setenv("DATABASE_URL", url)
 	root := cli.Root(nil, nil)
-	var out, errOut lockedBuffer
+	var out, errOut proctest.Buffer
 	root.SetOut(&out)
 	root.SetErr(&errOut)
 	root.SetArgs([]string{"migrate"})
