@@ -21,29 +21,13 @@ import (
 func TestClientLeavingMidReplayEndsItsHandler(t *testing.T) {
 	t.Parallel()
 	b := setup(t, &sse.Config{ReplayBatch: 1, Heartbeat: 20 * time.Millisecond})
-	ctx := context.Background()
-	log := b.memoBacklog(t, "acme", 501)
-
-	// Orders only: the replay of 500 memos sends nothing, page by page.
-	rctx, cancel := context.WithCancel(ctx)
+	rctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	resp, err := http.DefaultClient.Do(b.newRequest(t, rctx, request{tenant: "acme", query: "streamTypes=order", lastID: log[0]}))
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	line, err := bufio.NewReader(resp.Body).ReadString('\n')
-	require.NoError(t, err)
-	require.Equal(t, "retry: 2000\n", line)
-
-	defer b.holdReplayReads(t)()
-	eventually(t, "the replay waits for the lock", func() bool { return b.replayReadsWaiting(t) > 0 })
+	resp := b.resumeHeldInReplay(t, rctx)
 	require.Equal(t, 1, b.hub.Clients())
 	cancel()
 	resp.Body.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for b.hub.Clients() > 0 {
-		require.True(t, time.Now().Before(deadline), "the handler of a client that left mid-replay is still subscribed")
-		time.Sleep(5 * time.Millisecond)
-	}
+	b.untilNoClients(t, "the handler of a client that left mid-replay is still subscribed")
 }
 
 // TestCloseEndsAReplayWaitingForARead: Close ends a stream whose replay
@@ -53,26 +37,39 @@ func TestClientLeavingMidReplayEndsItsHandler(t *testing.T) {
 func TestCloseEndsAReplayWaitingForARead(t *testing.T) {
 	t.Parallel()
 	b := setup(t, &sse.Config{ReplayBatch: 1})
-	ctx := context.Background()
-	log := b.memoBacklog(t, "acme", 501)
-
-	rctx, cancel := context.WithTimeout(ctx, wait)
+	rctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
-	resp, err := http.DefaultClient.Do(b.newRequest(t, rctx, request{tenant: "acme", query: "streamTypes=order", lastID: log[0]}))
+	resp := b.resumeHeldInReplay(t, rctx)
+	b.hub.Close()
+	b.untilNoClients(t, "Close left a stream replaying while its read waits")
+	_, err := io.Copy(io.Discard, resp.Body)
+	require.NoError(t, err, "the response ends normally")
+}
+
+// resumeHeldInReplay resumes an orders-only stream of acme on ctx from the
+// first of 501 memos (its replay sends nothing, page by page), and holds
+// the replay in a page's read until the test ends, when the response is
+// closed too.
+func (b *bundle) resumeHeldInReplay(t *testing.T, ctx context.Context) *http.Response {
+	t.Helper()
+	log := b.memoBacklog(t, "acme", 501)
+	resp, err := http.DefaultClient.Do(b.newRequest(t, ctx, request{tenant: "acme", query: "streamTypes=order", lastID: log[0]}))
 	require.NoError(t, err)
-	defer resp.Body.Close()
+	t.Cleanup(func() { _ = resp.Body.Close() })
 	line, err := bufio.NewReader(resp.Body).ReadString('\n')
 	require.NoError(t, err)
 	require.Equal(t, "retry: 2000\n", line)
-
-	defer b.holdReplayReads(t)()
+	t.Cleanup(b.holdReplayReads(t))
 	eventually(t, "the replay waits for the lock", func() bool { return b.replayReadsWaiting(t) > 0 })
-	b.hub.Close()
+	return resp
+}
+
+// untilNoClients waits (10 s at most) until the hub has no client.
+func (b *bundle) untilNoClients(t *testing.T, msg string) {
+	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for b.hub.Clients() > 0 {
-		require.True(t, time.Now().Before(deadline), "Close left a stream replaying while its read waits")
+		require.True(t, time.Now().Before(deadline), msg)
 		time.Sleep(5 * time.Millisecond)
 	}
-	_, err = io.Copy(io.Discard, resp.Body)
-	require.NoError(t, err, "the response ends normally")
 }
