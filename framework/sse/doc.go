@@ -75,8 +75,11 @@
 // least 1) run at once, and a stream takes its turn per page: a burst of
 // reconnecting clients (an API instance died, and its browsers resume on
 // the others) queues for that share instead of taking every connection and
-// leaving the writes to wait. A stream waiting for its turn gets its
-// heartbeats; the request going away or [Hub.Close] ends the wait.
+// leaving the writes to wait. A stream waiting for a page's turn gets its
+// heartbeats; the request going away or [Hub.Close] ends the wait. Its
+// id's check comes before the response starts (it decides the status), so
+// it has none: a check that takes longer than Config.ResumeWait (10 s) is
+// answered 503, retry, before a proxy's idle timeout cuts the request.
 //
 // A malformed id (a lastEventId parameter given empty, without the header,
 // among them), or one that does not name an event of this log visible to

@@ -41,7 +41,8 @@ func (h *Hub) Mount(s *web.Server) {
 // ([web.PrincipalFrom]); the tenant comes from the token only. It answers
 // 400 for a bad filter, a malformed or foreign Last-Event-ID, or a
 // lastEventId parameter given empty (without the header), 503 while the
-// hub is not primed, after Close, or when the database does not answer the
+// hub is not primed, after Close, when the resume id's check takes longer
+// than Config.ResumeWait, or when the database does not answer the
 // opening frame's token (see [Open]), and otherwise streams, opening with
 // the [OpenEvent] frame, until the client goes away, the hub drops it, the
 // hub closes, or the token expires ([web.TokenExpiry]: the stream ends
@@ -90,7 +91,17 @@ func (h *Hub) Serve(c echo.Context) error {
 		return h.closedOr(err)
 	}
 	if resume {
-		if err := h.checkCursor(ctx, p.TenantID, filter, after); err != nil {
+		// The check decides the status, so the response cannot start (nor
+		// carry heartbeats) before it ends: bounded, it leaves no request
+		// silent until a proxy cuts it.
+		cctx, cancel := context.WithTimeout(ctx, h.cfg.ResumeWait)
+		err := h.checkCursor(cctx, p.TenantID, filter, after)
+		cancel()
+		if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			return &framework.Error{Code: framework.CodeUnavailable,
+				Message: fmt.Sprintf("the event stream is busy: checking Last-Event-ID took longer than %s; retry", h.cfg.ResumeWait), Err: err}
+		}
+		if err != nil {
 			return h.closedOr(err)
 		}
 	}

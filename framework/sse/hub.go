@@ -63,9 +63,20 @@ type Config struct {
 	// resume on the others) may take, so that the writes still find
 	// connections. A stream takes its turn per page, not for its whole
 	// replay, so a client that reads slowly holds no one up; a stream
-	// waiting for its turn keeps getting its heartbeats. Defaults to a
+	// waiting for a page's turn keeps getting its heartbeats (the wait of
+	// its resume id's check, before the response starts, is bounded by
+	// ResumeWait instead). Defaults to a
 	// quarter of the pool's MaxConns, at least 1.
 	ReplayConns int
+	// ResumeWait bounds how long a resuming request waits for its resume
+	// id's check (its turn among ReplayConns, and the read): the check
+	// decides the response's status (a bad or pruned id is a 400), so the
+	// response has not started meanwhile and carries no heartbeat. A check
+	// that takes longer is answered 503 (retry) instead of leaving the
+	// request silent until a proxy's idle timeout cuts it. Keep it below
+	// the idle timeouts of the proxies in front (nginx's
+	// proxy_read_timeout is 60s by default). Defaults to 10s.
+	ResumeWait time.Duration
 	// ReadyWait is how long a request waits for the hub to be primed (at
 	// process start) before it is answered 503. Defaults to 5s.
 	ReadyWait time.Duration
@@ -151,6 +162,7 @@ func New(pool *pgxpool.Pool, reg *framework.Registry, cfg *Config) (*Hub, error)
 	c.WriteTimeout = cmp.Or(max(c.WriteTimeout, 0), 10*time.Second)
 	c.ReplayBatch = cmp.Or(max(c.ReplayBatch, 0), 500)
 	c.ReadyWait = cmp.Or(max(c.ReadyWait, 0), 5*time.Second)
+	c.ResumeWait = cmp.Or(max(c.ResumeWait, 0), 10*time.Second)
 	c.ReplayConns = cmp.Or(max(c.ReplayConns, 0), max(int(pool.Config().MaxConns)/4, 1))
 	h := &Hub{
 		pool:    pool,

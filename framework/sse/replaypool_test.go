@@ -195,3 +195,30 @@ func TestCloseEndsTheWaitForAReplayTurn(t *testing.T) {
 	}
 	require.Less(t, time.Since(began), 5*time.Second)
 }
+
+// TestResumeWaitingForItsCheckIsBounded: a resuming request's status comes
+// after its resume id's check (a bad or pruned id is a 400), so until the
+// check is done the response has not started and can carry no heartbeat.
+// A check that waits for its turn among Config.ReplayConns (here the only
+// turn is held by another stream's replay, whose page read waits for a
+// lock) must not leave the request silent for longer than
+// Config.ResumeWait, or a proxy's idle timeout cuts it with an error the
+// client cannot tell from a refused id: it is answered 503, retry.
+func TestResumeWaitingForItsCheckIsBounded(t *testing.T) {
+	t.Parallel()
+	const bound = 300 * time.Millisecond
+	b := setup(t, &sse.Config{ReplayConns: 1, ReplayBatch: 1, ResumeWait: bound})
+	rctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	b.resumeHeldInReplay(t, rctx)
+	log := b.logOf(t, "acme")
+
+	ctx, stop := context.WithTimeout(context.Background(), 20*bound)
+	defer stop()
+	began := time.Now()
+	resp, err := http.DefaultClient.Do(b.newRequest(t, ctx, request{tenant: "acme", lastID: log[0]}))
+	require.NoError(t, err, "a resume waiting for its check's turn was silent for %s", time.Since(began))
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	require.GreaterOrEqual(t, time.Since(began), bound)
+}
