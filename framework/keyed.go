@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/kumiko-go/kumiko/framework/tenancy"
 )
 
 // KeyedEvent is an event that a write keyed with an idempotency key
@@ -44,8 +46,8 @@ WHERE created_at >= now() - $4::interval AND tenant_id = $1
 ORDER BY position LIMIT $5`
 
 // keyedLockSQL waits for and takes the lock of keyedLockKey in the
-// transaction.
-const keyedLockSQL = `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`
+// transaction (its two keys from tenancy.LockIDs, as the write takes it).
+const keyedLockSQL = `SELECT pg_advisory_xact_lock($1::int4, $2::int4)`
 
 // keyedLockKey is the key of the transaction advisory lock that every
 // writing transaction carrying an idempotency key holds from its first
@@ -77,7 +79,8 @@ func (rt *Runtime) KeyedEvents(ctx context.Context, p Principal, key string, win
 		// not yet: a statement waiting for a lock, with the COMMIT
 		// pipelined behind it), so that the query below, whose snapshot
 		// is taken after the wait, sees what it committed.
-		if _, err := tx.Exec(ctx, keyedLockSQL, keyedLockKey(p.TenantID, p.UserID, key)); err != nil {
+		k1, k2 := tenancy.LockIDs(keyedLockKey(p.TenantID, p.UserID, key))
+		if _, err := tx.Exec(ctx, keyedLockSQL, k1, k2); err != nil {
 			return err
 		}
 		rows, err := tx.Query(ctx, keyedEventsSQL, p.TenantID, p.UserID, key, window, maxKeyedEvents)

@@ -15,6 +15,8 @@ package tenancy
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 
@@ -79,11 +81,11 @@ type Options struct {
 	// ReadOnly starts a READ ONLY transaction. Defaults to false.
 	ReadOnly bool
 	// Lock, when not empty, is the key of a transaction-scoped advisory
-	// lock (pg_advisory_xact_lock of hashtextextended(Lock, 0)) that the
-	// transaction takes right after BEGIN, in the statement that scopes it
-	// (before the scope takes effect) and so before its first statement:
-	// the lock is held by every transaction that can commit anything.
-	// Defaults to none.
+	// lock (pg_advisory_xact_lock of the two int4 keys [LockIDs] derives
+	// from it) that the transaction takes right after BEGIN, in the
+	// statement that scopes it (before the scope takes effect) and so
+	// before its first statement: the lock is held by every transaction
+	// that can commit anything. Defaults to none.
 	Lock string
 }
 
@@ -108,11 +110,27 @@ func queueScope(b *pgx.Batch, tenant, lock string) {
 		role = "none"
 	}
 	if lock != "" {
-		b.Queue(`SELECT pg_advisory_xact_lock(hashtextextended($3, 0)), set_config('kumiko.tenant_id', $1, true), set_config('role', $2, true)`,
-			tenant, role, lock)
+		k1, k2 := LockIDs(lock)
+		b.Queue(`SELECT pg_advisory_xact_lock($3::int4, $4::int4), set_config('kumiko.tenant_id', $1, true), set_config('role', $2, true)`,
+			tenant, role, k1, k2)
 		return
 	}
 	b.Queue(`SELECT set_config('kumiko.tenant_id', $1, true), set_config('role', $2, true)`, tenant, role)
+}
+
+// LockIDs returns the two int4 keys of the advisory lock of key (see
+// [Options].Lock): the first eight bytes of its SHA-256. A lock key may
+// hold what a client chose (a keyed write's holds its idempotency key), so
+// it is hashed with a hash nobody can aim at a given value, and the lock
+// lives in Postgres' space of two-key advisory locks, apart from the
+// single bigint keys of the framework's own locks (hashtextextended of a
+// consumer's name for its passes, of a rebuild or of a prune; goose's
+// migration lock): hashtextextended is Bob Jenkins' lookup3, which a
+// client can invert, and a key hashed with it could be made to take a
+// shared consumer's lock and pause it for every tenant.
+func LockIDs(key string) (int32, int32) {
+	sum := sha256.Sum256([]byte(key))
+	return int32(binary.BigEndian.Uint32(sum[:4])), int32(binary.BigEndian.Uint32(sum[4:8]))
 }
 
 // Begin starts a transaction on conn scoped to tenant, in one round trip.
