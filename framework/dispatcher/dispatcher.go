@@ -613,7 +613,13 @@ WHERE c.name = $1 AND c.instance_id = $2
 ORDER BY e.commit_key, e.position`
 	// pendingSQL looks for events after the cursor that are not visible
 	// yet (above the horizon), of the consumer's types and partition: only
-	// those are worth polling for soon.
+	// those are worth polling for soon. It runs before batchSQL, in its own
+	// statement and so with its own horizon: the horizon only moves
+	// forward, so an event the batch leaves above its horizon is above this
+	// earlier one too. Run after the batch, a horizon that moved between
+	// the two hid such an event from both, and it waited for the next
+	// poll. The price is a rare extra re-poll for an event the batch
+	// delivered after the horizon moved past it.
 	pendingSQL = `SELECT EXISTS (SELECT 1 FROM events e, event_consumers c
   WHERE c.name = $1 AND c.instance_id = $2
     AND e.commit_key >= pg_snapshot_xmin(pg_current_snapshot())
@@ -669,6 +675,8 @@ func (d *Dispatcher) begin(ctx context.Context, conn *pgx.Conn, c *consumerRun, 
 		}
 		return rows.Err()
 	})
+	// Before the batch: see pendingSQL.
+	b.Queue(pendingSQL, c.Name, c.instance).QueryRow(func(r pgx.Row) error { return r.Scan(&invisible) })
 	b.Queue(batchSQL, c.Name, c.instance, limit).Query(func(rows pgx.Rows) error {
 		for rows.Next() {
 			if recs == nil {
@@ -685,7 +693,6 @@ func (d *Dispatcher) begin(ctx context.Context, conn *pgx.Conn, c *consumerRun, 
 		}
 		return rows.Err()
 	})
-	b.Queue(pendingSQL, c.Name, c.instance).QueryRow(func(r pgx.Row) error { return r.Scan(&invisible) })
 	if err = conn.SendBatch(ctx, b).Close(); err != nil {
 		return false, st, nil, false, fmt.Errorf("read batch: %w", err)
 	}

@@ -32,3 +32,11 @@ func SetOpsLockTimeout(t interface{ Cleanup(func()) }, d time.Duration) {
 	old := opsLockTimeout.Swap(int64(d))
 	t.Cleanup(func() { opsLockTimeout.Store(old) })
 }
+
+// PassOutcome runs one pass of the named consumer and reports how many
+// events it delivered and whether it saw events of its share of the log
+// waiting above the horizon.
+func (d *Dispatcher) PassOutcome(ctx context.Context, name string) (delivered int, pending bool, err error) {
+	res, err := d.pass(ctx, d.byName[name])
+	return res.delivered, res.invisible, err
+}
