@@ -190,15 +190,44 @@ func (e *FailedError) Error() string {
 // Unwrap returns the migration's error.
 func (e *FailedError) Unwrap() error { return e.Err }
 
+// versionTableSQL tells whether goose's version table exists, resolved on
+// the search path as goose's own statements resolve it.
+const versionTableSQL = `SELECT to_regclass('goose_db_version') IS NOT NULL`
+
+// versionTableExists reports whether goose's version table exists, so that
+// a read of the state asks goose nothing on a database never migrated:
+// goose creates its table on any call, its status too.
+func versionTableExists(ctx context.Context, pool *pgxpool.Pool) (bool, error) {
+	var exists bool
+	if err := pool.QueryRow(ctx, versionTableSQL).Scan(&exists); err != nil {
+		return false, err
+	}
+	return exists, nil
+}
+
 // List reports the state of every migration of fsys (nil means Kumiko's
 // embedded migrations). It does not wait for a migration that is running:
-// what it reports is what has committed.
+// what it reports is what has committed. It writes nothing: on a database
+// never migrated (no goose version table) it reports every migration
+// pending and leaves the table to the first [Apply].
 func List(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS) ([]Status, error) {
 	p, closeDB, err := newProvider(pool, fsys, nil, false)
 	if err != nil {
 		return nil, err
 	}
 	defer closeDB()
+	exists, err := versionTableExists(ctx, pool)
+	if err != nil {
+		return nil, fmt.Errorf("migrate: status: %w", err)
+	}
+	if !exists {
+		srcs := p.ListSources()
+		out := make([]Status, 0, len(srcs))
+		for _, s := range srcs {
+			out = append(out, Status{Version: s.Version, Name: s.Path})
+		}
+		return out, nil
+	}
 	sts, err := p.Status(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("migrate: status: %w", err)
@@ -234,8 +263,8 @@ func Unknown(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS) ([]int64, erro
 	for _, s := range p.ListSources() {
 		known[s.Version] = true
 	}
-	var exists bool
-	if err := pool.QueryRow(ctx, `SELECT to_regclass('goose_db_version') IS NOT NULL`).Scan(&exists); err != nil {
+	exists, err := versionTableExists(ctx, pool)
+	if err != nil {
 		return nil, fmt.Errorf("migrate: unknown versions: %w", err)
 	}
 	if !exists {
@@ -263,7 +292,7 @@ var ErrPending = errors.New("migrate: migrations pending")
 
 // Check returns nil when every migration of fsys (nil means Kumiko's embedded
 // ones) is applied, ErrPending when some are not, or the error that stopped
-// the check. Readiness probes call it.
+// the check. Readiness probes call it; like [List], it writes nothing.
 func Check(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS) error {
 	sts, err := List(ctx, pool, fsys)
 	if err != nil {

@@ -200,3 +200,37 @@ func TestMigrateSaysItWaitsForTheLock(t *testing.T) {
 	require.NoError(t, <-done)
 	require.Regexp(t, `^applied [1-9][0-9]* migration\(s\)\n$`, out.String())
 }
+
+// newEmptyDatabase creates a database with nothing in it (never migrated),
+// dropped when the test ends, and returns its URL and an admin connection
+// to the server's postgres database.
+func newEmptyDatabase(t *testing.T, prefix string) (string, *pgx.Conn) {
+	t.Helper()
+	name, admin := unusedDatabase(t, prefix)
+	_, err := admin.Exec(context.Background(), "CREATE DATABASE "+pgx.Identifier{name}.Sanitize())
+	require.NoError(t, err)
+	return "postgres://postgres@127.0.0.1:5432/" + name + "?sslmode=disable", admin
+}
+
+// TestMigrateStatusWritesNothing: `kumiko migrate status` on a database
+// never migrated lists every migration pending and leaves the database as
+// it was; it created goose's version table, so a look changed what it
+// looked at.
+func TestMigrateStatusWritesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	bin := buildKumiko(t)
+	url, _ := newEmptyDatabase(t, "kumiko_cli_status_")
+	stdout, stderr, code := runKumiko(t, bin, []string{"DATABASE_URL=" + url}, "migrate", "status")
+	require.Equal(t, 0, code, stderr)
+	require.Empty(t, stderr)
+	require.Contains(t, stdout, "pending  00001_")
+	require.NotContains(t, stdout, "applied")
+
+	conn, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	defer func() { _ = conn.Close(ctx) }()
+	var exists bool
+	require.NoError(t, conn.QueryRow(ctx, `SELECT to_regclass('goose_db_version') IS NOT NULL`).Scan(&exists))
+	require.False(t, exists, "migrate status created goose's version table")
+}
