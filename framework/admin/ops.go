@@ -27,8 +27,11 @@ import (
 //
 //   - GET /api/admin/migrations: every embedded migration with its state.
 //   - POST /api/admin/migrations/up: applies the pending migrations under
-//     goose's advisory lock and answers those it applied. A client that
-//     goes away stops the running migration, which stays pending.
+//     goose's advisory lock and answers those it applied. While another
+//     migrator holds the lock it waits, and logs that it does on the
+//     server's logger (with the holder's backend pid), as `kumiko migrate`
+//     does. A client that goes away stops the running migration, which
+//     stays pending.
 //   - POST /api/admin/events/prune: body {"olderThanDays": N, "types":
 //     [...], "dryRun": bool}; answers the prune's result (package
 //     retention).
@@ -106,7 +109,9 @@ func (h *maintenance) migrateUp(c echo.Context) error {
 	if err := decodeBody(c, &struct{}{}); err != nil {
 		return web.WriteError(c, err)
 	}
-	applied, err := migrate.Apply(c.Request().Context(), h.pool, h.fsys, nil)
+	// The server's log says when it waits for another migrator's lock, as
+	// `kumiko migrate` says on stderr.
+	applied, err := migrate.Apply(c.Request().Context(), h.pool, h.fsys, web.Logger(c))
 	if fe, ok := errors.AsType[*migrate.FailedError](err); ok {
 		// The operator's to fix, as the CLI says: which migration, why, and
 		// what this run applied before it. Typed here, so that the database

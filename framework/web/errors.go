@@ -199,6 +199,14 @@ func logError(c echo.Context, err error, code framework.Code, status int) {
 	logger.LogAttrs(req.Context(), slog.LevelError, msg, attrs...)
 }
 
+// Logger returns the logger of the [Server] handling c with the request's
+// request_id and correlation_id attached, for a handler that logs what it
+// does (a long maintenance verb saying what it waits for). Outside a
+// Server's request it returns a logger that discards.
+func Logger(c echo.Context) *slog.Logger {
+	return loggerOf(c).With("request_id", RequestID(c), "correlation_id", CorrelationID(c))
+}
+
 // loggerOf returns the logger of the server handling c, or a discarding one.
 func loggerOf(c echo.Context) *slog.Logger {
 	if s, ok := c.Get(keyServer).(*Server); ok {
