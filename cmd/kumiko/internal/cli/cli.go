@@ -3,6 +3,7 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -55,6 +56,9 @@ func Main(ctx context.Context, args []string, register func(*framework.Registry,
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
 			fmt.Fprintln(root.ErrOrStderr(), "kumiko: the database lacks Kumiko's tables: is it migrated? run kumiko migrate")
+		}
+		if ee, ok := errors.AsType[*exitError](err); ok {
+			return ee.code
 		}
 		return 1
 	}
@@ -262,10 +266,49 @@ func createDatabaseIfMissing(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
+// ExitPending is the exit code of `kumiko migrate status --check` while a
+// migration is pending; 1 stays the code of every error (the database
+// unreachable, bad configuration), so a deploy script tells "migrate
+// first" from "the check failed".
+const ExitPending = 2
+
+// exitError is an error that ends the process with code rather than 1.
+type exitError struct {
+	code int
+	err  error
+}
+
+// Error returns the underlying error's message.
+func (e *exitError) Error() string { return e.err.Error() }
+
+// Unwrap returns the underlying error.
+func (e *exitError) Unwrap() error { return e.err }
+
+// migrationJSON is one migration in `kumiko migrate status --json`, as GET
+// /api/admin/migrations answers it.
+type migrationJSON struct {
+	Version int64  `json:"version"`
+	Name    string `json:"name"`
+	State   string `json:"state"`
+}
+
+// migrateStatusJSON is `kumiko migrate status --json`'s output: GET
+// /api/admin/migrations's answer, with the versions the database holds that
+// the binary does not know.
+type migrateStatusJSON struct {
+	Migrations []migrationJSON `json:"migrations"`
+	Pending    int             `json:"pending"`
+	Unknown    []int64         `json:"unknown"`
+}
+
 func migrateCmd() *cobra.Command {
+	var asJSON, check bool
 	cmd := &cobra.Command{
-		Use:       "migrate [up|status]",
-		Short:     "Apply pending migrations (default) or list their status",
+		Use:   "migrate [up|status [--json] [--check]]",
+		Short: "Apply pending migrations (default) or list their status",
+		Long: "Apply pending migrations (default) or list their status.\n\n" +
+			"status only reads. With --json it prints {migrations: [{version, name, state}], pending, unknown};\n" +
+			"with --check it exits " + strconv.Itoa(ExitPending) + " while a migration is pending (1 on errors, 0 when all are applied).",
 		Args:      cobra.MaximumNArgs(1),
 		ValidArgs: []string{"up", "status"},
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -276,49 +319,85 @@ func migrateCmd() *cobra.Command {
 			if verb != "up" && verb != "status" {
 				return fmt.Errorf("unknown migrate verb %q (want up or status)", verb)
 			}
+			if verb != "status" && (asJSON || check) {
+				// `kumiko migrate --check` would otherwise apply what it
+				// was asked to check.
+				return errors.New("--json and --check apply to kumiko migrate status only")
+			}
 			pool, cfg, err := toolPool(cmd.Context())
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			switch verb {
-			case "up":
-				if err := createDatabaseIfMissing(cmd.Context(), pool); err != nil {
-					return err
-				}
-				// The log says when it waits for another migrator's lock.
-				n, err := migrate.Up(cmd.Context(), pool, nil, logger(cmd.ErrOrStderr(), cfg.LogLevel))
-				if err != nil {
-					return err
-				}
-				fmt.Fprintf(cmd.OutOrStdout(), "applied %d migration(s)\n", n)
-				warnUnknownMigrations(cmd, pool)
-				return nil
-			case "status":
-				sts, err := migrate.List(cmd.Context(), pool, nil)
-				if err != nil {
-					return err
-				}
-				for _, s := range sts {
-					state := "pending"
-					if s.Applied {
-						state = "applied"
-					}
-					fmt.Fprintf(cmd.OutOrStdout(), "%-8s %s\n", state, s.Name)
-				}
-				warnUnknownMigrations(cmd, pool)
-				// A dump restored into a new cluster migrates fine but
-				// delivers nothing: say so where the operator looks after
-				// a restore, without failing the status.
-				var ahead *eventstore.CommitKeyAheadError
-				if err := eventstore.CheckCommitKeys(cmd.Context(), pool); errors.As(err, &ahead) {
-					fmt.Fprintf(cmd.ErrOrStderr(), "warning: %v\n", err)
-				}
+			if verb == "status" {
+				return migrateStatus(cmd, pool, asJSON, check)
 			}
+			if err := createDatabaseIfMissing(cmd.Context(), pool); err != nil {
+				return err
+			}
+			// The log says when it waits for another migrator's lock.
+			n, err := migrate.Up(cmd.Context(), pool, nil, logger(cmd.ErrOrStderr(), cfg.LogLevel))
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "applied %d migration(s)\n", n)
+			warnUnknownMigrations(cmd, pool)
 			return nil
 		},
 	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "status: print JSON")
+	cmd.Flags().BoolVar(&check, "check", false, "status: exit "+strconv.Itoa(ExitPending)+" while a migration is pending")
 	return cmd
+}
+
+// migrateStatus is `kumiko migrate status`: it lists the migrations (a
+// line each, or JSON), warns on stderr of a newer release's migrations
+// and of an event log ahead of the server, and with check fails with
+// [ExitPending] while one is pending.
+func migrateStatus(cmd *cobra.Command, pool *pgxpool.Pool, asJSON, check bool) error {
+	sts, err := migrate.List(cmd.Context(), pool, nil)
+	if err != nil {
+		return err
+	}
+	out := migrateStatusJSON{Migrations: make([]migrationJSON, 0, len(sts))}
+	for _, s := range sts {
+		state := "pending"
+		if s.Applied {
+			state = "applied"
+		} else {
+			out.Pending++
+		}
+		out.Migrations = append(out.Migrations, migrationJSON{Version: s.Version, Name: s.Name, State: state})
+	}
+	unknown, err := migrate.Unknown(cmd.Context(), pool, nil)
+	if err != nil {
+		// No failure: what was asked for is listed.
+		fmt.Fprintf(cmd.ErrOrStderr(), "warning: %v\n", err)
+	}
+	out.Unknown = append([]int64{}, unknown...)
+	if asJSON {
+		enc := json.NewEncoder(cmd.OutOrStdout())
+		enc.SetIndent("", "  ") // as consumer list --json
+		if err := enc.Encode(out); err != nil {
+			return fmt.Errorf("write output: %w", err)
+		}
+	} else {
+		for _, m := range out.Migrations {
+			fmt.Fprintf(cmd.OutOrStdout(), "%-8s %s\n", m.State, m.Name)
+		}
+	}
+	warnUnknown(cmd, unknown)
+	// A dump restored into a new cluster migrates fine but delivers
+	// nothing: say so where the operator looks after a restore, without
+	// failing the status.
+	var ahead *eventstore.CommitKeyAheadError
+	if err := eventstore.CheckCommitKeys(cmd.Context(), pool); errors.As(err, &ahead) {
+		fmt.Fprintf(cmd.ErrOrStderr(), "warning: %v\n", err)
+	}
+	if check && out.Pending > 0 {
+		return &exitError{code: ExitPending, err: fmt.Errorf("%d migration(s) pending: run kumiko migrate", out.Pending)}
+	}
+	return nil
 }
 
 // warnUnknownMigrations says on stderr which migrations the database holds
@@ -333,6 +412,12 @@ func warnUnknownMigrations(cmd *cobra.Command, pool *pgxpool.Pool) {
 		fmt.Fprintf(cmd.ErrOrStderr(), "warning: %v\n", err)
 		return
 	}
+	warnUnknown(cmd, unknown)
+}
+
+// warnUnknown says on stderr that the database holds the unknown
+// versions (see warnUnknownMigrations); nothing when there are none.
+func warnUnknown(cmd *cobra.Command, unknown []int64) {
 	if len(unknown) == 0 {
 		return
 	}

@@ -234,3 +234,91 @@ func TestMigrateStatusWritesNothing(t *testing.T) {
 	require.NoError(t, conn.QueryRow(ctx, `SELECT to_regclass('goose_db_version') IS NOT NULL`).Scan(&exists))
 	require.False(t, exists, "migrate status created goose's version table")
 }
+
+// migrateStatusJSON is `kumiko migrate status --json`'s output.
+type migrateStatusJSON struct {
+	Migrations []struct {
+		Version int64  `json:"version"`
+		Name    string `json:"name"`
+		State   string `json:"state"`
+	} `json:"migrations"`
+	Pending int     `json:"pending"`
+	Unknown []int64 `json:"unknown"`
+}
+
+// TestMigrateStatusForScripts: `kumiko migrate status --json` prints the
+// migrations' state as one JSON object, and `--check` exits 2 while a
+// migration is pending (1 stays for errors), so that a deploy script can
+// tell "migrate first" from "the check failed"; without --check the
+// status exits 0 with pending migrations, as before. Both flags belong to
+// status only: `kumiko migrate --check` (up is the default verb) is
+// refused before it touches the database rather than migrating it.
+func TestMigrateStatusForScripts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	bin := buildKumiko(t)
+	url, _ := newEmptyDatabase(t, "kumiko_cli_check_")
+	env := []string{"DATABASE_URL=" + url}
+
+	for _, args := range [][]string{{"migrate", "--check"}, {"migrate", "up", "--json"}} {
+		stdout, stderr, code := runKumiko(t, bin, env, args...)
+		requireRefused(t, stdout, stderr, code, "--json and --check apply to kumiko migrate status only")
+	}
+	conn, err := pgx.Connect(ctx, url)
+	require.NoError(t, err)
+	defer func() { _ = conn.Close(ctx) }()
+	var exists bool
+	require.NoError(t, conn.QueryRow(ctx, `SELECT to_regclass('goose_db_version') IS NOT NULL`).Scan(&exists))
+	require.False(t, exists, "a refused command migrated")
+
+	stdout, stderr, code := runKumiko(t, bin, env, "migrate", "status", "--json")
+	require.Equal(t, 0, code, stderr)
+	require.Empty(t, stderr)
+	var st migrateStatusJSON
+	require.NoError(t, json.Unmarshal([]byte(stdout), &st), stdout)
+	require.NotEmpty(t, st.Migrations)
+	require.Equal(t, len(st.Migrations), st.Pending)
+	require.Equal(t, int64(1), st.Migrations[0].Version)
+	require.Equal(t, "00001_event_log.sql", st.Migrations[0].Name)
+	require.Equal(t, "pending", st.Migrations[0].State)
+	require.NotNil(t, st.Unknown, "an empty list, not null")
+	require.Empty(t, st.Unknown)
+
+	stdout, stderr, code = runKumiko(t, bin, env, "migrate", "status", "--check")
+	require.Equal(t, 2, code)
+	require.Contains(t, stdout, "pending  00001_event_log.sql\n")
+	require.Equal(t, fmt.Sprintf("kumiko: %d migration(s) pending: run kumiko migrate\n", st.Pending), stderr)
+
+	_, stderr, code = runKumiko(t, bin, env, "migrate")
+	require.Equal(t, 0, code, stderr)
+	stdout, stderr, code = runKumiko(t, bin, env, "migrate", "status", "--check", "--json")
+	require.Equal(t, 0, code, stderr)
+	require.Empty(t, stderr)
+	st = migrateStatusJSON{}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &st), stdout)
+	require.Zero(t, st.Pending)
+	for _, m := range st.Migrations {
+		require.Equal(t, "applied", m.State, m.Name)
+	}
+
+	// A newer release's migration: listed as unknown, and no failure of
+	// the check (the binary's own migrations are applied).
+	_, err = conn.Exec(ctx, `INSERT INTO goose_db_version (version_id, is_applied) VALUES (99001, true)`)
+	require.NoError(t, err)
+	stdout, stderr, code = runKumiko(t, bin, env, "migrate", "status", "--check", "--json")
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stderr, "warning: the database holds migrations this binary does not know (version 99001)")
+	st = migrateStatusJSON{}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &st), stdout)
+	require.Equal(t, []int64{99001}, st.Unknown)
+
+	// Pending once more (a migration undone): exit 2 with --json too.
+	_, err = conn.Exec(ctx, `DELETE FROM goose_db_version WHERE version_id = (SELECT max(version_id) FROM goose_db_version WHERE version_id < 99000)`)
+	require.NoError(t, err)
+	stdout, stderr, code = runKumiko(t, bin, env, "migrate", "status", "--check", "--json")
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "kumiko: 1 migration(s) pending: run kumiko migrate\n")
+	st = migrateStatusJSON{}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &st), stdout)
+	require.Equal(t, 1, st.Pending)
+}
