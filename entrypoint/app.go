@@ -402,7 +402,8 @@ const (
 // the pools close. The HTTP server of the api and all-in-one modes stops
 // accepting at once; a worker's health and metrics server keeps answering
 // until its work has stopped. It returns nil on a clean shutdown, ErrDrainTimeout when the drain
-// timeout fired, or the error that stopped the process. When the drain
+// timeout fired, or the error that stopped the process (both, the failure first, when a process
+// that failed then overran its drain timeout: the error matches either with errors.Is). When the drain
 // timeout fires, the connections of requests still running are closed (their
 // contexts end) and Run returns at once; the shutdown hooks run, and the pools
 // close, as soon as those requests have returned.
@@ -526,7 +527,13 @@ func (a *App) Serve(ctx context.Context, ln net.Listener) error {
 		// as long as such a request runs.
 		_ = a.httpSrv.Close()
 		a.state.Store(StateStopped)
-		return fmt.Errorf("%w after %s: %s", ErrDrainTimeout, drainTimeout, cutOff)
+		drainErr := fmt.Errorf("%w after %s: %s", ErrDrainTimeout, drainTimeout, cutOff)
+		if runErr != nil {
+			// The failure that stopped the process is why it drained:
+			// keep it, first, rather than only in the log.
+			return fmt.Errorf("%w; then %w", runErr, drainErr)
+		}
+		return drainErr
 	}
 	a.state.Store(StateStopped)
 	a.log.Info("process stopped")

@@ -31,7 +31,8 @@
 // dispatcher finishes its pass, the job lanes shut down, the shutdown hooks
 // run in reverse order of registration and the pools close. It returns nil
 // (exit 0), or an error wrapping [ErrDrainTimeout] (exit 1) when
-// Config.DrainTimeout fired first, naming the step it cut off.
+// Config.DrainTimeout fired first, naming the step it cut off (and wrapping
+// the failure that stopped the process too, when one did).
 //
 // # Health
 //

@@ -2,6 +2,8 @@ package entrypoint_test
 
 import (
 	"context"
+	"errors"
+	"net"
 	"net/http"
 	"testing"
 	"time"
@@ -74,5 +76,52 @@ func TestDrainTimeoutNamesWhatItCutOff(t *testing.T) {
 	err := s.stop(t)
 	require.ErrorIs(t, err, entrypoint.ErrDrainTimeout)
 	require.EqualError(t, err, "entrypoint: drain timeout exceeded after 300ms: "+
+		"the shutdown hooks were still running (they close the pools and clients)")
+}
+
+// failingListener accepts nothing; its Accept fails with err once fail is
+// closed, which stops the HTTP server: a process failure.
+type failingListener struct {
+	net.Listener
+	fail chan struct{}
+	err  error
+}
+
+func (l *failingListener) Accept() (net.Conn, error) {
+	<-l.fail
+	return nil, l.err
+}
+
+// TestDrainTimeoutKeepsTheProcessFailure: a process that failed (here its
+// HTTP server) and then overran its drain returns both errors, the failure
+// first; the failure was only logged, and the exit said only that the
+// drain timed out, hiding why the process stopped.
+func TestDrainTimeoutKeepsTheProcessFailure(t *testing.T) {
+	t.Parallel()
+	db := kumikotest.NewDB(t)
+	rds := jobstest.StartRedis(t)
+	cfg := newConfig(t, map[string]string{"APP_MODE": "api", "DATABASE_URL": db.URL, "REDIS_URL": rds.URL,
+		"KUMIKO_DRAIN_TIMEOUT_MS": "300"})
+	app, err := entrypoint.New(context.Background(), entrypoint.Options{Config: cfg, Register: features.Register, InstanceID: "drain-cut-failed"})
+	require.NoError(t, err)
+	unblock := make(chan struct{})
+	t.Cleanup(func() { close(unblock) })
+	app.OnShutdown(func(context.Context) error { <-unblock; return nil })
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = inner.Close() })
+	boom := errors.New("accept: the listener broke")
+	ln := &failingListener{Listener: inner, fail: make(chan struct{}), err: boom}
+	done := make(chan error, 1)
+	go func() { done <- app.Serve(context.Background(), ln) }()
+	close(ln.fail)
+	select {
+	case err = <-done:
+	case <-time.After(wait):
+		t.Fatal("Serve did not return")
+	}
+	require.ErrorIs(t, err, boom, "the process failure is kept")
+	require.ErrorIs(t, err, entrypoint.ErrDrainTimeout)
+	require.EqualError(t, err, "http: accept: the listener broke; then entrypoint: drain timeout exceeded after 300ms: "+
 		"the shutdown hooks were still running (they close the pools and clients)")
 }
