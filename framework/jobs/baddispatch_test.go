@@ -3,11 +3,14 @@ package jobs_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/kumiko-go/kumiko/framework"
+	"github.com/kumiko-go/kumiko/framework/auth"
 	"github.com/kumiko-go/kumiko/framework/jobs"
 )
 
@@ -76,4 +79,48 @@ func TestBadDispatchEnqueuesNothing(t *testing.T) {
 	}
 	require.Zero(t, b.count(t, `SELECT count(*) FROM events`))
 	require.Equal(t, float64(1), metric(t, b, "kumiko_jobs_enqueued_total"))
+}
+
+// TestDispatchRefusesATenantIDAuthWouldRefuse: Client.Dispatch (and a
+// job's Context.Dispatch, which goes through it) refuses a TenantID that
+// no token could carry: longer than auth.MaxIDLength bytes, holding a NUL
+// or bytes that are not UTF-8. It enqueued them, and the run then failed
+// at every attempt in the database (a key too large for the shared
+// indexes, a NUL Postgres cannot store). Nothing is enqueued; a tenant id
+// of exactly MaxIDLength bytes runs.
+func TestDispatchRefusesATenantIDAuthWouldRefuse(t *testing.T) {
+	t.Parallel()
+	b := setup(t, func(b *bundle) {
+		jobs.Manual[exportInput](b.f, "export", nil, func(context.Context, *jobs.Context, exportInput) error { return nil })
+	})
+	r := b.runner(t, nil)
+	b.dispatch(t, r.Consumer())
+	ctx := context.Background()
+	for what, tenant := range map[string]string{
+		"too long":  strings.Repeat("t", auth.MaxIDLength+1),
+		"a NUL":     "ac\x00me",
+		"not UTF-8": "ac\xffme",
+	} {
+		_, err := r.Client().Dispatch(ctx, "test:job:export", exportInput{Report: "x"}, &jobs.DispatchOptions{TenantID: tenant})
+		require.ErrorIs(t, err, jobs.ErrInvalidTenantID, what)
+		require.Equal(t, framework.CodeInternal, framework.ToError(err).Code, "a programming error: %s", what)
+	}
+	_, err := r.Client().Dispatch(ctx, "test:job:export", exportInput{Report: "x"},
+		&jobs.DispatchOptions{TenantID: strings.Repeat("t", auth.MaxIDLength+1)})
+	require.EqualError(t, err, fmt.Sprintf("jobs: invalid tenant id: %d bytes, longer than %d", auth.MaxIDLength+1, auth.MaxIDLength))
+
+	_, err = r.Client().Dispatch(ctx, "test:job:export", exportInput{Report: "ok"},
+		&jobs.DispatchOptions{TenantID: strings.Repeat("t", auth.MaxIDLength), Key: "ok"}) // a Key keeps the completed run
+	require.NoError(t, err)
+	drained(t, r.Inspector())
+	for _, st := range jobs.States {
+		items, err := r.Inspector().List(ctx, &jobs.ListOptions{State: st, Limit: 100})
+		require.NoError(t, err)
+		if st == jobs.StateCompleted {
+			require.Len(t, items, 1)
+			require.Equal(t, strings.Repeat("t", auth.MaxIDLength), items[0].TenantID)
+			continue
+		}
+		require.Empty(t, items, "runs %s", st)
+	}
 }

@@ -9,13 +9,16 @@ import (
 	"log/slog"
 	"maps"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/kumiko-go/kumiko/framework"
+	"github.com/kumiko-go/kumiko/framework/auth"
 )
 
 // The transactional dispatch event, "jobs:event:dispatched".
@@ -53,11 +56,34 @@ var ErrDuplicate = errors.New("jobs: duplicate dispatch")
 // is not a manual job.
 var ErrUnknownJob = errors.New("jobs: unknown manual job")
 
+// ErrInvalidTenantID is returned by [Client.Dispatch] (and
+// [Context.Dispatch]) for a [DispatchOptions.TenantID] that no token could
+// carry (see [auth.MaxIDLength]): longer than auth.MaxIDLength bytes,
+// holding a NUL, or bytes that are not UTF-8. Such a run would fail at
+// every attempt in the database, so nothing is enqueued.
+var ErrInvalidTenantID = errors.New("jobs: invalid tenant id")
+
+// checkTenantID refuses, with [ErrInvalidTenantID], a tenant id that auth
+// would refuse in a token.
+func checkTenantID(tenant string) error {
+	switch {
+	case len(tenant) > auth.MaxIDLength:
+		return fmt.Errorf("%w: %d bytes, longer than %d", ErrInvalidTenantID, len(tenant), auth.MaxIDLength)
+	case strings.IndexByte(tenant, 0) >= 0:
+		return fmt.Errorf("%w: it holds a NUL, which Postgres cannot store", ErrInvalidTenantID)
+	case !utf8.ValidString(tenant):
+		return fmt.Errorf("%w: it holds bytes that are not UTF-8", ErrInvalidTenantID)
+	}
+	return nil
+}
+
 // DispatchOptions tune a dispatch. A nil *DispatchOptions means the
 // defaults.
 type DispatchOptions struct {
 	// TenantID owns the run and scopes its transactions ([Client.Dispatch]
-	// only: [Set.DispatchTx] uses the transaction's tenant). Defaults to
+	// only: [Set.DispatchTx] uses the transaction's tenant). At most
+	// [auth.MaxIDLength] bytes of UTF-8 without a NUL, as in a token, else
+	// the dispatch is [ErrInvalidTenantID]. Defaults to
 	// framework.SystemTenantID.
 	TenantID string
 	// Key makes the dispatch idempotent: dispatches of the same job with
@@ -118,7 +144,8 @@ type Client struct {
 // returns the task id. The payload is checked against the job's input type
 // first: a payload that does not decode or fails its validator tags is a
 // *framework.ValidationError and nothing is enqueued. An unknown job is
-// [ErrUnknownJob]; an equal run that already exists is [ErrDuplicate],
+// [ErrUnknownJob], a TenantID no token could carry [ErrInvalidTenantID];
+// an equal run that already exists is [ErrDuplicate],
 // returned with that run's id (the one holding the Unique window, or the
 // key's run); an
 // unreachable Redis is a framework.CodeUnavailable *framework.Error wrapping
@@ -144,6 +171,9 @@ func (c *Client) dispatch(ctx context.Context, name string, payload any, opts *D
 		return "", err
 	}
 	tenant := cmp.Or(opts.TenantID, framework.SystemTenantID)
+	if err := checkTenantID(tenant); err != nil {
+		return "", err
+	}
 	id, derived := name+"@"+uuid.Must(uuid.NewV7()).String(), false
 	switch {
 	case opts.Key != "":
