@@ -376,7 +376,9 @@ func (h *Hub) inTenant(ctx context.Context, tenant string, fn func(db eventstore
 // in its own short tenant-scoped read. Every event up to upTo is final and
 // below the horizon; the later ones reach the client through the hub. It
 // stops with ErrClosed when the hub closes (a large backlog read by a slow
-// client must not outlast the drain).
+// client must not outlast the drain), and with errTokenExpired when the
+// stream's token expires, between pages or while it waits for one (its
+// turn, or a read): no page goes out after the expiry.
 func (h *Hub) replay(ctx context.Context, tenant string, f Filter, after, upTo eventstore.Cursor, st *stream) error {
 	for {
 		if !after.Less(upTo) {
@@ -387,27 +389,41 @@ func (h *Hub) replay(ctx context.Context, tenant string, f Filter, after, upTo e
 			return ErrClosed
 		default:
 		}
-		if !st.expires.IsZero() && !time.Now().Before(st.expires) {
+		if st.expired() {
 			// The token bounds the replay as it bounds the live stream.
 			return errTokenExpired
 		}
 		var recs []eventstore.Record
 		var pruned bool
-		err := h.replayRead(ctx, tenant, func(db eventstore.DB) error {
+		// The wait for the page (its turn, a read a lock holds up) ends
+		// at the token's expiry too: the page must not go out after it.
+		rctx, cancel := ctx, func() {}
+		if !st.expires.IsZero() {
+			rctx, cancel = context.WithDeadline(ctx, st.expires)
+		}
+		err := h.replayRead(rctx, tenant, func(db eventstore.DB) error {
 			var err error
-			recs, err = eventstore.ReadAfterFiltered(ctx, db, after, h.cfg.ReplayBatch, eventstore.ReadOptions{Types: f.Types})
+			recs, err = eventstore.ReadAfterFiltered(rctx, db, after, h.cfg.ReplayBatch, eventstore.ReadOptions{Types: f.Types})
 			if err != nil {
 				return err
 			}
 			// After the read: a prune that committed before it (its
 			// marks and deletions commit together) shows here.
-			return db.QueryRow(ctx, prunedAfterSQL, after.CommitKey, after.Position, h.sentTypes(f), f.StreamTypes).Scan(&pruned)
+			return db.QueryRow(rctx, prunedAfterSQL, after.CommitKey, after.Position, h.sentTypes(f), f.StreamTypes).Scan(&pruned)
 		})
+		cancel()
 		if errors.Is(err, ErrClosed) {
 			return err
 		}
+		if err != nil && ctx.Err() == nil && st.expired() {
+			return errTokenExpired
+		}
 		if err != nil {
 			return fmt.Errorf("sse: replay: %w", err)
+		}
+		if st.expired() {
+			// The read ended just as the token expired.
+			return errTokenExpired
 		}
 		if pruned {
 			// Events after the cursor were deleted since the resume was
@@ -465,6 +481,11 @@ type stream struct {
 	last eventstore.Cursor
 	// expires is when the stream's token stops verifying; zero: never.
 	expires time.Time
+}
+
+// expired reports whether the stream's token has expired.
+func (s *stream) expired() bool {
+	return !s.expires.IsZero() && !time.Now().Before(s.expires)
 }
 
 // writeChunk is the most bytes of a write one WriteTimeout covers: a
