@@ -36,7 +36,11 @@
 // not replayed those events yet is waited for, or the primary answers,
 // instead of the client missing them (not loaded, and not sent live). It has
 // no id, so it moves no resume point, and its event name is never an event
-// type, so an EventSource that listens for event types never sees it.
+// type, so an EventSource that listens for event types never sees it. The
+// token is read before the response starts (a request without one is a
+// 503), so that read carries no heartbeat: a request that waits for it
+// (a pool without a free connection) and for its resume id's check (see
+// below) for longer than Config.ResumeWait (10 s) is answered 503, retry.
 //
 // The id is an opaque cursor (the event's commit key and position, the same
 // cursor the dispatcher keeps). A comment line (": heartbeat") every 15 s

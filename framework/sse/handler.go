@@ -41,9 +41,10 @@ func (h *Hub) Mount(s *web.Server) {
 // ([web.PrincipalFrom]); the tenant comes from the token only. It answers
 // 400 for a bad filter, a malformed or foreign Last-Event-ID, or a
 // lastEventId parameter given empty (without the header), 503 while the
-// hub is not primed, after Close, when the resume id's check takes longer
-// than Config.ResumeWait, or when the database does not answer the
-// opening frame's token (see [Open]), and otherwise streams, opening with
+// hub is not primed, after Close, when the resume id's check and the
+// read of the opening frame's token (see [Open]) take longer than
+// Config.ResumeWait, or when the database does not answer that read, and
+// otherwise streams, opening with
 // the [OpenEvent] frame, until the client goes away, the hub drops it, the
 // hub closes, or the token expires ([web.TokenExpiry]: the stream ends
 // normally and the client reconnects, with a fresh token or to a 401).
@@ -90,13 +91,14 @@ func (h *Hub) Serve(c echo.Context) error {
 	if err := h.waitReady(ctx); err != nil {
 		return h.closedOr(err)
 	}
+	// The resume id's check and the opening token's read decide the
+	// status, so the response cannot start (nor carry heartbeats) before
+	// they end: bounded together, they leave no request silent until a
+	// proxy cuts it.
+	octx, cancel := context.WithTimeout(ctx, h.cfg.ResumeWait)
+	defer cancel()
 	if resume {
-		// The check decides the status, so the response cannot start (nor
-		// carry heartbeats) before it ends: bounded, it leaves no request
-		// silent until a proxy cuts it.
-		cctx, cancel := context.WithTimeout(ctx, h.cfg.ResumeWait)
-		err := h.checkCursor(cctx, p.TenantID, filter, after)
-		cancel()
+		err := h.checkCursor(octx, p.TenantID, filter, after)
 		if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
 			return &framework.Error{Code: framework.CodeUnavailable,
 				Message: fmt.Sprintf("the event stream is busy: checking Last-Event-ID took longer than %s; retry", h.cfg.ResumeWait), Err: err}
@@ -119,10 +121,15 @@ func (h *Hub) Serve(c echo.Context) error {
 	if upTo.Less(after) {
 		upTo = after
 	}
-	token, err := h.openToken(ctx, upTo)
+	token, err := h.openToken(octx, upTo)
+	cancel()
 	if err != nil {
-		if ctx.Err() != nil {
+		switch {
+		case ctx.Err() != nil:
 			return h.closedOr(ctx.Err())
+		case octx.Err() != nil:
+			return &framework.Error{Code: framework.CodeUnavailable,
+				Message: fmt.Sprintf("the event stream is busy: opening it took longer than %s; retry", h.cfg.ResumeWait), Err: err}
 		}
 		return &framework.Error{Code: framework.CodeUnavailable, Message: "database unavailable", Err: err}
 	}

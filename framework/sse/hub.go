@@ -68,14 +68,16 @@ type Config struct {
 	// ResumeWait instead). Defaults to a
 	// quarter of the pool's MaxConns, at least 1.
 	ReplayConns int
-	// ResumeWait bounds how long a resuming request waits for its resume
-	// id's check (its turn among ReplayConns, and the read): the check
-	// decides the response's status (a bad or pruned id is a 400), so the
-	// response has not started meanwhile and carries no heartbeat. A check
-	// that takes longer is answered 503 (retry) instead of leaving the
-	// request silent until a proxy's idle timeout cuts it. Keep it below
-	// the idle timeouts of the proxies in front (nginx's
-	// proxy_read_timeout is 60s by default). Defaults to 10s.
+	// ResumeWait bounds how long a request waits for the database before
+	// its response starts: a resuming request's id check (its turn among
+	// ReplayConns, and the read) and, for every request, the read of the
+	// opening frame's token (a pool connection for it, and the read),
+	// together. Both decide the response's status (a bad or pruned id is a
+	// 400, no token a 503), so the response has not started meanwhile and
+	// carries no heartbeat. A request whose waits take longer is answered
+	// 503 (retry) instead of staying silent until a proxy's idle timeout
+	// cuts it. Keep it below the idle timeouts of the proxies in front
+	// (nginx's proxy_read_timeout is 60s by default). Defaults to 10s.
 	ResumeWait time.Duration
 	// ReadyWait is how long a request waits for the hub to be primed (at
 	// process start) before it is answered 503. Defaults to 5s.
@@ -297,7 +299,8 @@ const walPositionSQL = `SELECT pg_current_wal_insert_lsn()::text`
 // below the visibility horizon (Prime's position is that horizon), and a
 // resume id names an event checked before. One read serves every stream
 // that subscribed before it: a burst of reconnecting clients costs one
-// query, not one each.
+// query, not one each. The wait (for the read's turn, a pool connection,
+// the read) ends with ctx: the handler bounds it by Config.ResumeWait.
 //
 // The cached token stands only for what the hub had when it was read,
 // never for a resume id ahead of the hub: such an id comes from the client

@@ -3,7 +3,9 @@ package sse_test
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
@@ -139,4 +141,36 @@ func TestOpeningTokenNotCachedPastTheHub(t *testing.T) {
 	var covers bool
 	require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT $1::pg_lsn >= $2::pg_lsn`, tok, afterCommit).Scan(&covers))
 	require.True(t, covers, "rival's stream opened with %s, before the commit of rival's event (%s) it does not send", tok, afterCommit)
+}
+
+// TestOpeningTokenWaitIsBounded: the opening frame's token is read before
+// the response starts (a request without one is a 503), so a stream
+// waiting for it carries no heartbeat. When the pool has no connection
+// free for that read (here the test holds them all: writes holding them
+// behind a lock, a database that does not answer), the request must not
+// stay silent until a proxy's idle timeout cuts it: after
+// Config.ResumeWait it is answered 503, retry.
+func TestOpeningTokenWaitIsBounded(t *testing.T) {
+	t.Parallel()
+	const (
+		conns = 2
+		bound = 300 * time.Millisecond
+	)
+	b := setupPool(t, &sse.Config{ResumeWait: bound}, nil, conns)
+	actx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	for range conns {
+		c, err := b.pool.Acquire(actx)
+		require.NoError(t, err)
+		defer c.Release()
+	}
+
+	ctx, stop := context.WithTimeout(context.Background(), 20*bound)
+	defer stop()
+	began := time.Now()
+	resp, err := http.DefaultClient.Do(b.newRequest(t, ctx, request{tenant: "acme"}))
+	require.NoError(t, err, "a stream waiting for its opening token was silent for %s", time.Since(began))
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	require.GreaterOrEqual(t, time.Since(began), bound)
 }
