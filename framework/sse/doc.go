@@ -82,8 +82,10 @@
 // leaving the writes to wait. A stream waiting for a page's turn gets its
 // heartbeats; the request going away or [Hub.Close] ends the wait. Its
 // id's check comes before the response starts (it decides the status), so
-// it has none: a check that takes longer than Config.ResumeWait (10 s) is
-// answered 503, retry, before a proxy's idle timeout cuts the request.
+// it has none: it takes the next turn, before the pages waiting for one (a
+// new resume is answered without waiting for a burst's queued pages), and
+// one that still takes longer than Config.ResumeWait (10 s) is answered
+// 503, retry, before a proxy's idle timeout cuts the request.
 //
 // A malformed id (a lastEventId parameter given empty, without the header,
 // among them), or one that does not name an event of this log visible to

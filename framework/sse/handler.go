@@ -297,7 +297,7 @@ WHERE (commit_key, position) > ($1::xid8, $2::bigint) AND type = ANY($3)
 func (h *Hub) checkCursor(ctx context.Context, tenant string, f Filter, cur eventstore.Cursor) error {
 	var key uint64
 	var pruned bool
-	err := h.replayRead(ctx, tenant, func(db eventstore.DB) error {
+	err := h.replayRead(ctx, tenant, true, func(db eventstore.DB) error {
 		if err := db.QueryRow(ctx, checkCursorSQL, cur.Position).Scan(&key); err != nil {
 			return err
 		}
@@ -340,18 +340,38 @@ func (h *Hub) sentTypes(f Filter) []string {
 // replayRead is inTenant for the reads of resuming streams (a resume id's
 // check, a page of a replay): it waits for its turn among
 // Config.ReplayConns, so that a burst of them leaves the rest of the pool
-// to the writes. The wait ends with the request (ctx) and with Close
-// (ErrClosed).
-func (h *Hub) replayRead(ctx context.Context, tenant string, fn func(db eventstore.DB) error) error {
+// to the writes. A check (check true) takes the next turn, before the
+// pages waiting for one: it has no response yet, so no heartbeat, and
+// Config.ResumeWait bounds it, while a stream waiting for a page has its
+// response and its heartbeats; and it is short. The wait ends with the
+// request (ctx) and with Close (ErrClosed).
+func (h *Hub) replayRead(ctx context.Context, tenant string, check bool, fn func(db eventstore.DB) error) error {
+	var handed chan struct{} // nil for a page: never handed a turn
+	if check {
+		handed = h.checkTurn
+	}
 	select {
 	case h.replaySem <- struct{}{}:
+	case <-handed:
+		// A turn ending handed its place in replaySem over.
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-h.done:
 		return ErrClosed
 	}
-	defer func() { <-h.replaySem }()
+	defer h.endReplayTurn()
 	return h.inTenant(ctx, tenant, fn)
+}
+
+// endReplayTurn ends a turn of replayRead: a check waiting for one takes
+// it over (its place in replaySem stays taken), before the pages waiting;
+// without one the place is freed.
+func (h *Hub) endReplayTurn() {
+	select {
+	case h.checkTurn <- struct{}{}:
+	default:
+		<-h.replaySem
+	}
 }
 
 // inTenant runs fn in a read-only transaction scoped to tenant (row-level
@@ -408,7 +428,7 @@ func (h *Hub) replay(ctx context.Context, tenant string, f Filter, after, upTo e
 		if !st.expires.IsZero() {
 			rctx, cancel = context.WithDeadline(ctx, st.expires)
 		}
-		err := h.replayRead(rctx, tenant, func(db eventstore.DB) error {
+		err := h.replayRead(rctx, tenant, false, func(db eventstore.DB) error {
 			var err error
 			recs, err = eventstore.ReadAfterFiltered(rctx, db, after, h.cfg.ReplayBatch, eventstore.ReadOptions{Types: f.Types})
 			if err != nil {

@@ -63,10 +63,10 @@ type Config struct {
 	// resume on the others) may take, so that the writes still find
 	// connections. A stream takes its turn per page, not for its whole
 	// replay, so a client that reads slowly holds no one up; a stream
-	// waiting for a page's turn keeps getting its heartbeats (the wait of
-	// its resume id's check, before the response starts, is bounded by
-	// ResumeWait instead). Defaults to a
-	// quarter of the pool's MaxConns, at least 1.
+	// waiting for a page's turn keeps getting its heartbeats. A resume
+	// id's check, before the response starts, has none (ResumeWait bounds
+	// it instead): it takes the next turn, before the pages waiting for
+	// one. Defaults to a quarter of the pool's MaxConns, at least 1.
 	ReplayConns int
 	// ResumeWait bounds how long a request waits for the database before
 	// its response starts: a resuming request's id check (its turn among
@@ -127,8 +127,10 @@ type Hub struct {
 	openSem chan struct{}
 
 	// replaySem (capacity Config.ReplayConns) bounds the replay reads
-	// running at once (see replayRead).
+	// running at once (see replayRead); a turn ending hands its place over
+	// through checkTurn (unbuffered) to a resume id's check waiting.
 	replaySem chan struct{}
+	checkTurn chan struct{}
 
 	// cancels holds the cancel of each request's context (see
 	// withClose), keyed by cancelSeq (on mu): Close cancels them all.
@@ -178,6 +180,7 @@ func New(pool *pgxpool.Pool, reg *framework.Registry, cfg *Config) (*Hub, error)
 		work:       make(chan struct{}, 1),
 		openSem:    make(chan struct{}, 1),
 		replaySem:  make(chan struct{}, c.ReplayConns),
+		checkTurn:  make(chan struct{}),
 		fanDone:    make(chan struct{}),
 		ready:      make(chan struct{}),
 		done:       make(chan struct{}),

@@ -1,14 +1,17 @@
 package sse_test
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kumiko-go/kumiko/framework"
@@ -221,4 +224,104 @@ func TestResumeWaitingForItsCheckIsBounded(t *testing.T) {
 	defer resp.Body.Close()
 	require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
 	require.GreaterOrEqual(t, time.Since(began), bound)
+}
+
+// TestResumeCheckGoesBeforeQueuedPages: a resuming request's id check
+// waits for a turn among Config.ReplayConns as the replays' pages do, but
+// it has no response yet (no heartbeat) and is bounded by
+// Config.ResumeWait, while a stream waiting for a page has its response
+// and its heartbeats. So the check takes the next turn, before the pages
+// queued ahead of it: in a burst of reconnecting clients a new resume is
+// answered instead of waiting for every queued page (and a 503). Here the
+// only turn is held by a replay's page read (a lock), other replays queue
+// their pages behind it, then a new resume's check; when the turn is
+// free, the read that takes it is caught on a second lock (on events,
+// which both kinds read first): it must be the check.
+func TestResumeCheckGoesBeforeQueuedPages(t *testing.T) {
+	t.Parallel()
+	const streams = 3
+	// The hub's pool of its own: the test's locks and looks at them use the
+	// database's.
+	b := setupPool(t, &sse.Config{ReplayConns: 1, ReplayBatch: 1, ResumeWait: wait}, nil, 8)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*wait)
+	defer cancel()
+	log := b.memoBacklog(t, "acme", 501)
+	// Streams whose replays (orders only: nothing of the memos is sent)
+	// read page after page.
+	for range streams {
+		resp, err := http.DefaultClient.Do(b.newRequest(t, ctx, request{tenant: "acme", query: "streamTypes=order", lastID: log[0]}))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = resp.Body.Close() })
+		line, err := bufio.NewReader(resp.Body).ReadString('\n')
+		require.NoError(t, err)
+		require.Equal(t, "retry: 2000\n", line)
+	}
+	release := b.holdReplayReads(t)
+	defer release()
+	eventually(t, "a page's read holds the turn, waiting for the lock", func() bool { return b.replayReadsWaiting(t) > 0 })
+	time.Sleep(200 * time.Millisecond) // the other streams queue their pages
+
+	answered := make(chan int, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(b.newRequest(t, ctx, request{tenant: "acme", lastID: log[0]}))
+		if err != nil {
+			answered <- 0
+			return
+		}
+		resp.Body.Close()
+		answered <- resp.StatusCode
+	}()
+	time.Sleep(200 * time.Millisecond) // the new resume's check queues after them
+
+	// The second lock, queued behind the read holding the turn: granted
+	// when that read ends, it catches the next read in its first query.
+	tx, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	var pid int
+	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
+	locked, done := make(chan error, 1), make(chan struct{})
+	go func() {
+		defer close(done)
+		_, err := tx.Exec(ctx, `LOCK TABLE events IN ACCESS EXCLUSIVE MODE`)
+		locked <- err
+	}()
+	defer func() {
+		release()
+		cancel()
+		<-done
+	}()
+	eventually(t, "the second lock queued", func() bool {
+		var n int
+		require.NoError(t, b.db.Pool.QueryRow(ctx,
+			`SELECT count(*) FROM pg_locks WHERE pid = $1 AND relation = 'events'::regclass AND NOT granted`, pid).Scan(&n))
+		return n > 0
+	})
+	release()
+	require.NoError(t, <-locked)
+
+	// Which read waits for it: the check, or a page? (Not the
+	// dispatcher's, which reads events through event_consumers.)
+	var next string
+	deadline := time.Now().Add(5 * time.Second)
+	for next == "" && time.Now().Before(deadline) {
+		err := b.db.Pool.QueryRow(ctx, `SELECT a.query FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.relation = 'events'::regclass AND NOT l.granted AND a.query LIKE 'SELECT%' AND a.query NOT LIKE '%event_consumers%' LIMIT 1`).Scan(&next)
+		if errors.Is(err, pgx.ErrNoRows) {
+			time.Sleep(5 * time.Millisecond)
+			continue
+		}
+		require.NoError(t, err)
+	}
+	require.NotEmpty(t, next, "no read took the turn")
+	require.True(t, strings.HasPrefix(next, "SELECT commit_key FROM events WHERE position"),
+		"a queued page took the turn before the waiting resume's check: %s", next)
+
+	require.NoError(t, tx.Rollback(ctx))
+	select {
+	case code := <-answered:
+		require.Equal(t, http.StatusOK, code)
+	case <-time.After(wait):
+		t.Fatal("the new resume was not answered")
+	}
 }
